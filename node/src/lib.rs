@@ -1,0 +1,1 @@
+//! node: library; the binary in main.rs is a thin shell over it.

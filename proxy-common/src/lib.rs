@@ -1,0 +1,2 @@
+//! Map keys and values shared by the kernel programs (proxy-ebpf) and the loader (proxy).
+#![no_std]

@@ -1,0 +1,7 @@
+//! Harness for skiff's integration tests: waiting on conditions with deadlines, and real
+//! kernel and process fixtures (network namespaces, cgroups, servers). Depends on no other
+//! skiff crate, so every crate can use it as a dev-dependency.
+
+pub mod wait;
+
+pub use wait::{wait_until, wait_until_async};

@@ -1,0 +1,36 @@
+//! Project automation: `cargo xtask <command>`. Every command installs what it needs first,
+//! idempotently, so a fresh machine needs nothing but this repository and a Rust toolchain.
+
+mod setup;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "skiff project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install the machine prerequisites (Debian packages, toolchain components). Idempotent.
+    Setup,
+    /// Run the whole test suite, as CI does (installs prerequisites first).
+    Test {
+        /// Extra arguments for `cargo test`, e.g. a test name filter.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Setup => setup::all(),
+        Command::Test { args } => {
+            setup::all()?;
+            setup::cargo(&["test", "--workspace"], &args)
+        }
+    }
+}
