@@ -1,1 +1,4 @@
-//! control-plane: library; the binary in main.rs is a thin shell over it.
+//! control-plane: the API server with its store, the controllers and the scheduler, as a
+//! library; the binary in main.rs is a thin shell over it.
+
+pub mod machinery;
