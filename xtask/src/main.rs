@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask <command>`. Every command installs what it needs first,
 //! idempotently, so a fresh machine needs nothing but this repository and a Rust toolchain.
 
+mod images;
 mod setup;
 
 use anyhow::Result;
@@ -17,6 +18,9 @@ struct Cli {
 enum Command {
     /// Install the machine prerequisites (Debian packages, toolchain components). Idempotent.
     Setup,
+    /// Build skiff's container images (echo, pause) and push them to the local registry on
+    /// 127.0.0.1:5000, starting it if needed. Idempotent, fast when nothing changed.
+    Images,
     /// Run the whole test suite, as CI does (installs prerequisites first).
     Test {
         /// Extra arguments for `cargo test`, e.g. a test name filter.
@@ -28,8 +32,13 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Setup => setup::all(),
+        Command::Images => {
+            setup::all()?;
+            images::all()
+        }
         Command::Test { args } => {
             setup::all()?;
+            images::all()?;
             setup::cargo(&["test", "--workspace"], &args)
         }
     }

@@ -1,0 +1,196 @@
+//! The echo image's one binary. With no arguments (or `serve`) it is an HTTP server on $PORT
+//! (default 8080) answering with its pod's identity; the other subcommands are small tools
+//! that tests, probes and demos run inside pods (`kubectl exec`, init containers).
+
+use skiff_images::http::{self, ReadError, Url};
+use std::io::{BufReader, BufWriter};
+use std::net::{TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+const USAGE: &str = "usage: echo [serve]
+       echo fetch URL [--count N]     GET URL N times on fresh connections, print each body
+       echo cat FILE...               print files
+       echo write FILE TEXT           write TEXT to FILE
+       echo exists FILE               exit 0 if FILE exists, 1 if not
+       echo env                       print the environment
+       echo alloc MIB                 allocate and touch MIB MiB, then sleep
+       echo sleep SECONDS             sleep (0: forever)
+       echo exit CODE                 exit with CODE
+env: PORT (8080), POD_NAME, POD_NAMESPACE, POD_IP, NODE_NAME (downward API),
+     IGNORE_SIGTERM=1 (only SIGKILL stops the server)";
+
+static HEALTHY: AtomicBool = AtomicBool::new(true);
+static READY: AtomicBool = AtomicBool::new(true);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match args.as_slice() {
+        [] | ["serve"] => serve(),
+        ["fetch", url, rest @ ..] => fetch(url, rest),
+        ["cat", files @ ..] if !files.is_empty() => files.iter().try_for_each(|f| {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+            print!("{text}");
+            Ok(())
+        }),
+        ["write", file, text] => std::fs::write(file, text).map_err(|e| format!("{file}: {e}")),
+        ["exists", file] => {
+            return if std::path::Path::new(file).exists() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        ["env"] => {
+            std::env::vars().for_each(|(k, v)| println!("{k}={v}"));
+            Ok(())
+        }
+        ["alloc", mib] => alloc(mib),
+        ["sleep", secs] => sleep(secs),
+        ["exit", code] => {
+            return code
+                .parse::<u8>()
+                .map(ExitCode::from)
+                .unwrap_or(ExitCode::FAILURE)
+        }
+        _ => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("echo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve() -> Result<(), String> {
+    if std::env::var("IGNORE_SIGTERM").is_ok_and(|v| v == "1") {
+        skiff_images::signals::ignore_term();
+    } else {
+        skiff_images::signals::exit_on_term();
+    }
+    let port = std::env::var("PORT").unwrap_or_else(|_| "8080".into());
+    let listener =
+        TcpListener::bind(format!("0.0.0.0:{port}")).map_err(|e| format!("bind :{port}: {e}"))?;
+    eprintln!("echo: serving on :{port}");
+    for conn in listener.incoming().flatten() {
+        std::thread::spawn(move || connection(conn));
+    }
+    Ok(())
+}
+
+fn connection(conn: TcpStream) {
+    let Ok(write_half) = conn.try_clone() else {
+        return;
+    };
+    let mut r = BufReader::new(conn);
+    let mut w = BufWriter::new(write_half);
+    loop {
+        let req = match http::read_request(&mut r) {
+            Ok(req) => req,
+            Err(ReadError::Malformed(why)) => {
+                let _ = http::write_response(&mut w, 400, &format!("{why}\n"), true);
+                return;
+            }
+            Err(ReadError::Eof | ReadError::Io(_)) => return,
+        };
+        let (status, body) = answer(&req.path);
+        if http::write_response(&mut w, status, &body, req.close).is_err() || req.close {
+            return;
+        }
+    }
+}
+
+/// The response to one request path.
+fn answer(path: &str) -> (u16, String) {
+    let flag = |f: &AtomicBool, name: &str| {
+        if f.load(Ordering::Relaxed) {
+            (200, "ok\n".to_string())
+        } else {
+            (503, format!("not {name}\n"))
+        }
+    };
+    match path {
+        "/healthz" => flag(&HEALTHY, "healthy"),
+        "/readyz" => flag(&READY, "ready"),
+        "/control/healthy" | "/control/unhealthy" => {
+            HEALTHY.store(path == "/control/healthy", Ordering::Relaxed);
+            (200, "ok\n".into())
+        }
+        "/control/ready" | "/control/unready" => {
+            READY.store(path == "/control/ready", Ordering::Relaxed);
+            (200, "ok\n".into())
+        }
+        _ => match path.strip_prefix("/env/") {
+            Some(name) => match std::env::var(name) {
+                Ok(v) => (200, format!("{v}\n")),
+                Err(_) => (404, format!("{name} is not set\n")),
+            },
+            None => (200, identity()),
+        },
+    }
+}
+
+fn identity() -> String {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    format!(
+        "pod={} namespace={} ip={} node={}\n",
+        var("POD_NAME"),
+        var("POD_NAMESPACE"),
+        var("POD_IP"),
+        var("NODE_NAME")
+    )
+}
+
+fn fetch(url: &str, rest: &[&str]) -> Result<(), String> {
+    let count: u64 = match rest {
+        [] => 1,
+        ["--count", n] => n.parse().map_err(|_| format!("bad count {n}"))?,
+        _ => return Err(USAGE.to_string()),
+    };
+    let url = Url::parse(url)?;
+    let mut failures = 0;
+    for _ in 0..count {
+        match http::get(&url, Duration::from_secs(5)) {
+            Ok(r) if r.status == 200 => print!("{}", r.body),
+            Ok(r) => {
+                failures += 1;
+                print!("status {}: {}", r.status, r.body)
+            }
+            Err(e) => {
+                failures += 1;
+                println!("error: {e}")
+            }
+        }
+    }
+    match failures {
+        0 => Ok(()),
+        n => Err(format!("{n} of {count} requests failed")),
+    }
+}
+
+fn alloc(mib: &str) -> Result<(), String> {
+    let mib: usize = mib.parse().map_err(|_| format!("bad size {mib}"))?;
+    let mut held = Vec::with_capacity(mib);
+    for _ in 0..mib {
+        // Touch every page so the memory is really charged to the cgroup.
+        held.push(vec![1u8; 1 << 20]);
+    }
+    println!("allocated {mib} MiB");
+    sleep("0")
+}
+
+fn sleep(secs: &str) -> Result<(), String> {
+    skiff_images::signals::exit_on_term();
+    let secs: u64 = secs.parse().map_err(|_| format!("bad seconds {secs}"))?;
+    if secs == 0 {
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(secs));
+    Ok(())
+}

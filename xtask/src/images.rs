@@ -1,0 +1,346 @@
+//! `cargo xtask images`: builds skiff's container images and serves them from a local registry.
+//!
+//! The machines reach no public registry, so the images are made here: each is one static
+//! (musl) binary plus the few paths a CRI runtime bind-mounts over (/proc, /sys, /dev,
+//! /etc/{hosts,hostname,resolv.conf}), written as an OCI image layout (and a tar of it for
+//! `ctr -n k8s.io images import`) under `.skiff/images/`, then pushed through the registry v2
+//! HTTP API to Debian's docker-registry on 127.0.0.1:5000, which this command starts when it
+//! is not running. Everything is deterministic (mtime 0), so a second run uploads nothing.
+
+use crate::setup::{self, root};
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where the local registry listens; image names below start with it.
+pub const REGISTRY: &str = "127.0.0.1:5000";
+const MUSL: &str = "x86_64-unknown-linux-musl";
+const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+const CONFIG_TYPE: &str = "application/vnd.oci.image.config.v1+json";
+const LAYER_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+/// One image: a repository in the local registry and the binary that is its entrypoint.
+struct Image {
+    repository: &'static str,
+    binary: &'static str,
+}
+
+const IMAGES: &[Image] = &[
+    Image {
+        repository: "skiff/echo",
+        binary: "echo",
+    },
+    Image {
+        repository: "skiff/pause",
+        binary: "pause",
+    },
+];
+
+/// Builds every image, starts the registry if needed and pushes; fast when nothing changed.
+pub fn all() -> Result<()> {
+    let started = Instant::now();
+    musl_target()?;
+    setup::cargo(
+        &[
+            "build",
+            "-q",
+            "-p",
+            "skiff-images",
+            "--profile",
+            "image",
+            "--target",
+            MUSL,
+        ],
+        &[],
+    )?;
+    let bin_dir = target_dir().join(MUSL).join("image");
+    registry()?;
+    for image in IMAGES {
+        let built = build(image, &bin_dir.join(image.binary))?;
+        let uploaded = push(image, &built)?;
+        eprintln!(
+            "images: {REGISTRY}/{}:latest {} ({} uploaded)",
+            image.repository,
+            built.manifest_digest,
+            if uploaded == 0 {
+                "nothing".to_string()
+            } else {
+                format!("{uploaded} blobs")
+            }
+        );
+    }
+    eprintln!("images: ready in {:.1?}", started.elapsed());
+    Ok(())
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+fn musl_target() -> Result<()> {
+    let out = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output();
+    if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(MUSL)) {
+        return Ok(());
+    }
+    eprintln!("images: installing the {MUSL} target (static binaries)");
+    setup::run(Command::new("rustup").args(["target", "add", MUSL]))
+}
+
+/// A blob: its bytes and `sha256:<hex>` digest.
+struct Blob {
+    digest: String,
+    bytes: Vec<u8>,
+}
+
+impl Blob {
+    fn new(bytes: Vec<u8>) -> Blob {
+        Blob {
+            digest: sha256(&bytes),
+            bytes,
+        }
+    }
+
+    fn descriptor(&self, media_type: &str) -> serde_json::Value {
+        json!({"mediaType": media_type, "digest": self.digest, "size": self.bytes.len()})
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    let hex: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
+
+struct Built {
+    layer: Blob,
+    config: Blob,
+    manifest: Blob,
+    manifest_digest: String,
+}
+
+fn build(image: &Image, binary: &Path) -> Result<Built> {
+    let program = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    let tar = layer_tar(image.binary, &program)?;
+    let diff_id = sha256(&tar);
+    let mut gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::default());
+    gz.write_all(&tar)?;
+    let layer = Blob::new(gz.finish()?);
+    let config = Blob::new(serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "Entrypoint": [format!("/{}", image.binary)],
+            "Env": ["PATH=/"],
+            "WorkingDir": "/",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }))?);
+    let manifest = Blob::new(serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": config.descriptor(CONFIG_TYPE),
+        "layers": [layer.descriptor(LAYER_TYPE)],
+    }))?);
+    let built = Built {
+        manifest_digest: manifest.digest.clone(),
+        layer,
+        config,
+        manifest,
+    };
+    write_layout(image, &built)?;
+    Ok(built)
+}
+
+/// The image's only layer: the binary at /<name> and the mount points a runtime needs.
+fn layer_tar(name: &str, program: &[u8]) -> Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut entry = |path: &str, mode: u32, data: &[u8], kind: tar::EntryType| {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_size(data.len() as u64);
+        tar.append_data(&mut h, path, data)
+    };
+    for dir in ["dev", "proc", "sys", "etc"] {
+        entry(dir, 0o755, &[], tar::EntryType::Directory)?;
+    }
+    entry("tmp", 0o1777, &[], tar::EntryType::Directory)?;
+    entry(
+        "etc/hosts",
+        0o644,
+        b"127.0.0.1 localhost\n",
+        tar::EntryType::Regular,
+    )?;
+    entry("etc/hostname", 0o644, b"", tar::EntryType::Regular)?;
+    entry("etc/resolv.conf", 0o644, b"", tar::EntryType::Regular)?;
+    entry(name, 0o755, program, tar::EntryType::Regular)?;
+    Ok(tar.into_inner()?)
+}
+
+/// `.skiff/images/<name>/` as an OCI image layout, and `<name>.tar` of it for `ctr import`.
+fn write_layout(image: &Image, built: &Built) -> Result<()> {
+    let dir = root().join(".skiff/images").join(image.binary);
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs)?;
+    for blob in [&built.layer, &built.config, &built.manifest] {
+        let path = blobs.join(blob.digest.trim_start_matches("sha256:"));
+        if !path.exists() {
+            std::fs::write(&path, &blob.bytes)?;
+        }
+    }
+    let name = format!("{REGISTRY}/{}:latest", image.repository);
+    let mut descriptor = built.manifest.descriptor(MANIFEST_TYPE);
+    descriptor["annotations"] = json!({
+        "io.containerd.image.name": name,
+        "org.opencontainers.image.ref.name": "latest",
+    });
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    let index = json!({"schemaVersion": 2, "manifests": [descriptor]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index)?)?;
+    let mut tar = tar::Builder::new(std::fs::File::create(dir.with_extension("tar"))?);
+    tar.mode(tar::HeaderMode::Deterministic);
+    tar.append_dir_all(".", &dir)?;
+    tar.finish()?;
+    Ok(())
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// Starts Debian's docker-registry on [`REGISTRY`] (config and storage under
+/// `.skiff/registry/`) unless a registry already answers there.
+fn registry() -> Result<()> {
+    let agent = agent();
+    let probe = || {
+        agent
+            .get(format!("http://{REGISTRY}/v2/"))
+            .call()
+            .is_ok_and(|r| r.status() == 200)
+    };
+    if probe() {
+        return Ok(());
+    }
+    let dir = root().join(".skiff/registry");
+    std::fs::create_dir_all(dir.join("data"))?;
+    let config = dir.join("config.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {REGISTRY}\n",
+            dir.join("data").display()
+        ),
+    )?;
+    let log = std::fs::File::create(dir.join("registry.log"))?;
+    eprintln!(
+        "images: starting docker-registry on {REGISTRY} (log: {})",
+        dir.join("registry.log").display()
+    );
+    let child = Command::new("docker-registry")
+        .arg("serve")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: it outlives this command and a Ctrl-C in the terminal.
+        .process_group(0)
+        .spawn()
+        .context("starting docker-registry (install it with `cargo xtask setup`)")?;
+    std::fs::write(dir.join("registry.pid"), child.id().to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !probe() {
+        if Instant::now() > deadline {
+            bail!(
+                "docker-registry did not answer on {REGISTRY}: see {}",
+                dir.join("registry.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Uploads the blobs the registry lacks, then the manifest as `latest`. Returns the number
+/// of blobs uploaded.
+fn push(image: &Image, built: &Built) -> Result<usize> {
+    let agent = agent();
+    let base = format!("http://{REGISTRY}/v2/{}", image.repository);
+    let mut uploaded = 0;
+    for blob in [&built.layer, &built.config] {
+        if agent
+            .head(format!("{base}/blobs/{}", blob.digest))
+            .call()?
+            .status()
+            == 200
+        {
+            continue;
+        }
+        let started = agent.post(format!("{base}/blobs/uploads/")).send_empty()?;
+        if started.status() != 202 {
+            bail!("starting an upload to {base}: HTTP {}", started.status());
+        }
+        let location = started
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .context("registry gave no upload location")?;
+        let location = if location.starts_with('/') {
+            format!("http://{REGISTRY}{location}")
+        } else {
+            location.to_string()
+        };
+        let sep = if location.contains('?') { '&' } else { '?' };
+        let done = agent
+            .put(format!("{location}{sep}digest={}", blob.digest))
+            .header("Content-Type", "application/octet-stream")
+            .send(&blob.bytes[..])?;
+        if done.status() != 201 {
+            bail!(
+                "uploading {} to {base}: HTTP {}",
+                blob.digest,
+                done.status()
+            );
+        }
+        uploaded += 1;
+    }
+    let current = agent
+        .head(format!("{base}/manifests/latest"))
+        .header("Accept", MANIFEST_TYPE)
+        .call()?;
+    let same = current.status() == 200
+        && current
+            .headers()
+            .get("docker-content-digest")
+            .is_some_and(|d| d.to_str().ok() == Some(built.manifest_digest.as_str()));
+    if !same {
+        let put = agent
+            .put(format!("{base}/manifests/latest"))
+            .header("Content-Type", MANIFEST_TYPE)
+            .send(&built.manifest.bytes[..])?;
+        if put.status() != 201 {
+            bail!("pushing the manifest of {base}: HTTP {}", put.status());
+        }
+        uploaded += 1;
+    }
+    Ok(uploaded)
+}
