@@ -1,6 +1,16 @@
 //! API machinery shared by the API server's handlers: pure functions over API objects, no I/O.
 //! Status errors, selectors, patches, per-kind defaulting, validation and table columns.
 
-pub mod status;
+// ApiError is the Status the client gets; it is built only on the failure path, so its size
+// (code, reason, message, details, causes) costs nothing where it matters.
+#![allow(clippy::result_large_err)]
 
+pub mod duration;
+pub mod quantity;
+pub mod selectors;
+pub mod status;
+pub mod validation;
+
+pub use quantity::Quantity;
+pub use selectors::{FieldRequirement, FieldSelector, LabelSelector};
 pub use status::{ApiError, CauseType, FieldError, Reason};
