@@ -1,0 +1,36 @@
+//! skiff's container images in the local registry (`cargo xtask images` builds and pushes
+//! them; `cargo xtask test` runs it first). Tests that run pods call [`require_images`].
+
+use std::time::Duration;
+
+/// The local registry every test image comes from.
+pub const REGISTRY: &str = "127.0.0.1:5000";
+/// The echo server (and `fetch` client and test tools): see images/src/bin/echo.rs.
+pub const ECHO_IMAGE: &str = "127.0.0.1:5000/skiff/echo:latest";
+/// The sandbox image.
+pub const PAUSE_IMAGE: &str = "127.0.0.1:5000/skiff/pause:latest";
+
+/// Panics with what to run if the registry or an image is missing.
+pub fn require_images() {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    for image in [ECHO_IMAGE, PAUSE_IMAGE] {
+        let (repo, tag) = image
+            .trim_start_matches(&format!("{REGISTRY}/"))
+            .split_once(':')
+            .expect("image names carry a tag");
+        let url = format!("http://{REGISTRY}/v2/{repo}/manifests/{tag}");
+        let found = agent
+            .head(&url)
+            .header("Accept", "application/vnd.oci.image.manifest.v1+json")
+            .call()
+            .is_ok_and(|r| r.status() == 200);
+        assert!(
+            found,
+            "{image} is not in the local registry: run `cargo xtask images` first"
+        );
+    }
+}
