@@ -1,1 +1,170 @@
-fn main() {}
+//! The `proxy` binary: a thin shell over the library.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use proxy::daemon::{self, Mode, RunOptions};
+use proxy::loader::MapSizes;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(about = "skiff service proxy: Kubernetes Services on an eBPF socket load balancer")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Ebpf,
+    Iptables,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProbeProto {
+    Http,
+    Udp,
+}
+
+const DEFAULT_BPFFS: &str = "/sys/fs/bpf/skiff";
+
+#[derive(Subcommand)]
+enum Command {
+    /// Program Services and EndpointSlices from a manifests directory, and keep watching it.
+    Run {
+        #[arg(long, value_enum, default_value = "ebpf")]
+        mode: ModeArg,
+        /// Directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice).
+        #[arg(long)]
+        manifests: PathBuf,
+        /// cgroup v2 whose processes get service translation (default: the cgroup v2 root).
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        /// bpffs directory for the pinned maps and links.
+        #[arg(long, default_value = DEFAULT_BPFFS)]
+        bpffs: PathBuf,
+        /// Address for /metrics and /healthz.
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        metrics: SocketAddr,
+        /// Capacity of the services map (frontends: cluster IP x port).
+        #[arg(long, default_value_t = MapSizes::default().services)]
+        max_services: u32,
+        /// Capacity of the backends map (slots over all frontends).
+        #[arg(long, default_value_t = MapSizes::default().backends)]
+        max_backends: u32,
+        /// Capacity of the reverse-translation LRU (recvmsg/getpeername).
+        #[arg(long, default_value_t = MapSizes::default().revnat)]
+        max_revnat: u32,
+        /// Capacity of the sessionAffinity LRU.
+        #[arg(long, default_value_t = MapSizes::default().affinity)]
+        max_affinity: u32,
+    },
+    /// Print the programmed frontends, backends and counters from the pinned maps.
+    Dump {
+        #[arg(long, default_value = DEFAULT_BPFFS)]
+        bpffs: PathBuf,
+    },
+    /// Remove the pinned links and maps: detaches the programs, translation stops.
+    Reset {
+        #[arg(long, default_value = DEFAULT_BPFFS)]
+        bpffs: PathBuf,
+    },
+    /// Check connectivity through an address: HTTP/1.0 GETs or UDP datagrams, one JSON line
+    /// per attempt.
+    Probe {
+        #[arg(value_enum)]
+        protocol: ProbeProto,
+        address: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Keep probing until standard input is closed; print failures only.
+        #[arg(long)]
+        until_stdin_closes: bool,
+    },
+}
+
+fn default_cgroup() -> PathBuf {
+    // Hybrid hosts mount cgroup v2 at .../unified; unified hosts at /sys/fs/cgroup.
+    let hybrid = PathBuf::from("/sys/fs/cgroup/unified");
+    if hybrid.join("cgroup.procs").exists() {
+        hybrid
+    } else {
+        PathBuf::from("/sys/fs/cgroup")
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Run {
+            mode,
+            manifests,
+            cgroup,
+            bpffs,
+            metrics,
+            max_services,
+            max_backends,
+            max_revnat,
+            max_affinity,
+        } => {
+            let opts = RunOptions {
+                mode: match mode {
+                    ModeArg::Ebpf => Mode::Ebpf,
+                    ModeArg::Iptables => Mode::Iptables,
+                },
+                manifests,
+                cgroup: cgroup.unwrap_or_else(default_cgroup),
+                bpffs,
+                metrics,
+                sizes: MapSizes {
+                    services: max_services,
+                    backends: max_backends,
+                    revnat: max_revnat,
+                    affinity: max_affinity,
+                },
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(daemon::run(opts))?;
+        }
+        Command::Dump { bpffs } => {
+            proxy::dump::dump(&bpffs, &mut std::io::stdout().lock())?;
+        }
+        Command::Reset { bpffs } => {
+            proxy::loader::unpin_all(&bpffs)
+                .with_context(|| format!("removing pins under {}", bpffs.display()))?;
+        }
+        Command::Probe {
+            protocol,
+            address,
+            count,
+            until_stdin_closes,
+        } => {
+            let proto = match protocol {
+                ProbeProto::Http => proxy::probe::Protocol::Http,
+                ProbeProto::Udp => proxy::probe::Protocol::Udp,
+            };
+            let (ok, failed) = proxy::probe::run(
+                proto,
+                address,
+                count,
+                until_stdin_closes,
+                &mut std::io::stdout().lock(),
+            )?;
+            eprintln!("{ok} ok, {failed} failed");
+            if failed > 0 {
+                std::process::exit(1);
+            }
+        }
+    }
+    Ok(())
+}

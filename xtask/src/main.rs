@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask <command>`. Every command installs what it needs first,
 //! idempotently, so a fresh machine needs nothing but this repository and a Rust toolchain.
 
+mod ebpf;
 mod images;
 mod setup;
 
@@ -18,6 +19,8 @@ struct Cli {
 enum Command {
     /// Install the machine prerequisites (Debian packages, toolchain components). Idempotent.
     Setup,
+    /// Build the eBPF programs (proxy-ebpf), installing rust-src and bpf-linker first.
+    BuildEbpf,
     /// Build skiff's container images (echo, pause) and push them to the local registry on
     /// 127.0.0.1:5000, starting it if needed. Idempotent, fast when nothing changed.
     Images,
@@ -32,6 +35,7 @@ enum Command {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Setup => setup::all(),
+        Command::BuildEbpf => ebpf::build(),
         Command::Images => {
             setup::all()?;
             images::all()
@@ -39,6 +43,7 @@ fn main() -> Result<()> {
         Command::Test { args } => {
             setup::all()?;
             images::all()?;
+            ebpf::build()?;
             setup::cargo(&["test", "--workspace"], &args)
         }
     }

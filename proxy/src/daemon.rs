@@ -1,0 +1,271 @@
+//! `proxy run`: source events -> validated model -> desired state -> data path, in
+//! batches, with metrics, /healthz, and a clean stop on SIGTERM (the pinned maps and links
+//! stay, so traffic keeps flowing while the proxy is down or restarting).
+
+use crate::dataplane::Dataplane;
+use crate::desired::{Change, DesiredState};
+use crate::iptables::Iptables;
+use crate::loader::{self, MapSizes};
+use crate::metrics::{self, FrontendCounters, Metrics, Shared};
+use crate::model::{ObjectKey, ServiceName, ServiceSpec, SliceName, SliceSpec};
+use crate::source::manifests::ManifestDir;
+use crate::source::{Kind, Resource, Source, SourceEvent};
+use crate::sync::{Limits, MapSync};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+/// Which data path programs the services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Ebpf,
+    Iptables,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub mode: Mode,
+    pub manifests: PathBuf,
+    pub cgroup: PathBuf,
+    pub bpffs: PathBuf,
+    pub metrics: SocketAddr,
+    pub sizes: MapSizes,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Load(#[from] loader::LoadError),
+    #[error("reading the pinned maps: {0}")]
+    Maps(#[from] loader::maps::MapsError),
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("signals: {0}")]
+    Signals(std::io::Error),
+    #[error("manifests directory {0} does not exist")]
+    NoManifests(String),
+}
+
+/// Max events applied in one batch before the data path is flushed.
+const BATCH: usize = 16_384;
+
+pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
+    if !opts.manifests.is_dir() {
+        return Err(DaemonError::NoManifests(
+            opts.manifests.display().to_string(),
+        ));
+    }
+    match opts.mode {
+        Mode::Ebpf => {
+            let (maps, attach) = loader::load(&opts.bpffs, &opts.cgroup, opts.sizes)?;
+            let services = maps.services()?;
+            let backends = maps.backends()?;
+            tracing::info!(
+                ?attach,
+                cgroup = %opts.cgroup.display(),
+                bpffs = %opts.bpffs.display(),
+                adopted_frontends = services.len(),
+                "eBPF programs attached"
+            );
+            let mut engine = MapSync::new(
+                maps,
+                Limits {
+                    max_services: opts.sizes.services,
+                    max_backends: opts.sizes.backends,
+                },
+            );
+            engine.adopt(services, backends);
+            let engine = Arc::new(Mutex::new(engine));
+            let reader = engine.clone();
+            let kernel: metrics::KernelCounters = Box::new(move || {
+                let engine = reader.lock().unwrap_or_else(|p| p.into_inner());
+                engine
+                    .frontends()
+                    .filter_map(|(svc, key, id)| {
+                        let c = engine.writer().counters(id).ok()?;
+                        Some(FrontendCounters {
+                            service: svc.to_string(),
+                            frontend: key.to_string(),
+                            translations: c.translations,
+                            refused: c.refused,
+                        })
+                    })
+                    .collect()
+            });
+            serve(opts, engine, Some(kernel)).await
+        }
+        Mode::Iptables => serve(opts, Arc::new(Mutex::new(Iptables::new())), None).await,
+    }
+}
+
+async fn serve<D: Dataplane + Send + 'static>(
+    opts: RunOptions,
+    dataplane: Arc<Mutex<D>>,
+    kernel: Option<metrics::KernelCounters>,
+) -> Result<(), DaemonError> {
+    let shared = Arc::new(Shared {
+        metrics: Metrics::default(),
+        ready: Default::default(),
+        kernel,
+    });
+    if opts.mode == Mode::Ebpf {
+        shared
+            .metrics
+            .set_fill("services", 0, Some(opts.sizes.services as u64));
+        shared
+            .metrics
+            .set_fill("backends", 0, Some(opts.sizes.backends as u64));
+    }
+    let bound = metrics::serve(opts.metrics, shared.clone())
+        .await
+        .map_err(|source| DaemonError::Metrics {
+            addr: opts.metrics,
+            source,
+        })?;
+    tracing::info!(addr = %bound, "metrics and /healthz listening");
+
+    let (tx, mut rx) = mpsc::channel(4096);
+    let source = ManifestDir::new(&opts.manifests);
+    let source_task = tokio::spawn(async move {
+        if let Err(e) = source.run(tx).await {
+            tracing::error!(error = %e, "source stopped");
+        }
+    });
+    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let mut desired = DesiredState::default();
+    let started = Instant::now();
+    loop {
+        let first = tokio::select! {
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping; pinned state stays in force"); break }
+            _ = sigint.recv() => { tracing::info!("SIGINT: stopping; pinned state stays in force"); break }
+            ev = rx.recv() => match ev {
+                Some(ev) => ev,
+                None => { tracing::error!("the source ended; stopping"); break }
+            },
+        };
+        let t0 = Instant::now();
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(ev) => batch.push(ev),
+                Err(_) => break,
+            }
+        }
+        let n = batch.len();
+        // The data path's own lock: the scrape reads counters through it.
+        let mut dp = dataplane.lock().unwrap_or_else(|p| p.into_inner());
+        let mut synced = false;
+        for ev in batch {
+            shared.metrics.events.inc();
+            if matches!(ev, SourceEvent::Synced) {
+                synced = true;
+                if let Err(e) = dp.initial_sync_done() {
+                    shared.metrics.error(e.kind());
+                    tracing::error!(error = %e, "cleaning up after the initial sync");
+                }
+                continue;
+            }
+            handle(ev, &mut desired, &mut *dp, &shared.metrics);
+        }
+        if let Err(e) = dp.flush() {
+            shared.metrics.error(e.kind());
+            tracing::error!(error = %e, "writing the data path");
+        }
+        let fill = dp.fill();
+        drop(dp);
+        let took = t0.elapsed();
+        shared.metrics.sync_duration.observe(took.as_secs_f64());
+        shared.metrics.services.set(desired.service_count() as i64);
+        shared.metrics.set_fill("services", fill.frontends, None);
+        shared.metrics.set_fill("backends", fill.backends, None);
+        tracing::debug!(
+            events = n,
+            took_us = took.as_micros() as u64,
+            "batch applied"
+        );
+        if synced {
+            shared.ready.store(true, Ordering::Relaxed);
+            tracing::info!(
+                services = desired.service_count(),
+                frontends = fill.frontends,
+                backends = fill.backends,
+                took_ms = started.elapsed().as_millis() as u64,
+                "initial sync done"
+            );
+        }
+    }
+    source_task.abort();
+    Ok(())
+}
+
+/// One source event through validation, the desired state and the data path. Bad input is
+/// logged and counted and changes nothing.
+fn handle(ev: SourceEvent, desired: &mut DesiredState, dp: &mut dyn Dataplane, m: &Metrics) {
+    let change = match ev {
+        SourceEvent::Synced => return,
+        SourceEvent::Rejected { origin, error } => {
+            m.input_error(error.reason());
+            tracing::warn!(%origin, reason = error.reason(), %error, "input rejected");
+            return;
+        }
+        SourceEvent::Delete(r) => match r.kind {
+            Kind::Service => Change::Service(ServiceName(r.key), None),
+            Kind::EndpointSlice => Change::Slice(SliceName(r.key), None),
+        },
+        SourceEvent::Apply(Resource::Service(svc)) => match ServiceSpec::from_k8s(&svc) {
+            Ok(Some((name, spec))) => Change::Service(name, Some(spec)),
+            // A service that is not proxied (headless, ExternalName): make sure it is not.
+            Ok(None) => Change::Service(ServiceName(key_of(&svc.metadata)), None),
+            Err(error) => {
+                m.input_error("invalid");
+                tracing::warn!(service = %key_of(&svc.metadata), %error, "service rejected; its programmed state is kept");
+                return;
+            }
+        },
+        SourceEvent::Apply(Resource::EndpointSlice(slice)) => match SliceSpec::from_k8s(&slice) {
+            Ok(Some((name, spec))) => {
+                if !desired.has_service(&spec.service) {
+                    m.input_error("missing_service");
+                    tracing::warn!(slice = %name, service = %spec.service, "endpoint slice for a missing service; kept until the service appears");
+                }
+                Change::Slice(name, Some(spec))
+            }
+            Ok(None) => Change::Slice(SliceName(key_of(&slice.metadata)), None),
+            Err(error) => {
+                m.input_error("invalid");
+                tracing::warn!(slice = %key_of(&slice.metadata), %error, "endpoint slice rejected; its programmed state is kept");
+                return;
+            }
+        },
+    };
+    match desired.apply(change) {
+        Ok(affected) => {
+            for svc in affected {
+                let frontends = desired.frontends(&svc);
+                for e in dp.update(&svc, &frontends) {
+                    m.error(e.kind());
+                    tracing::error!(service = %svc, error = %e, "service not fully programmed");
+                }
+            }
+        }
+        Err(rejection) => {
+            m.input_error("duplicate");
+            tracing::warn!(error = %rejection, "change rejected");
+        }
+    }
+}
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+    ObjectKey::new(
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}

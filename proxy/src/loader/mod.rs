@@ -1,0 +1,190 @@
+//! Loading the kernel programs: maps created or reused from bpffs pins (sized from the
+//! flags), programs attached to a cgroup v2 through pinned links. A restarted proxy finds
+//! the pins, keeps the maps (and so every translation) and swaps its programs into the
+//! existing links atomically, so routing never stops.
+
+mod bpffs;
+mod link;
+pub mod maps;
+mod object;
+
+use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr};
+use aya::EbpfLoader;
+use maps::BpfMaps;
+use proxy_common::{MAP_AFFINITY, MAP_BACKENDS, MAP_COUNTERS, MAP_REVNAT, MAP_SERVICES};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+
+/// The programs in the object, one per cgroup hook.
+pub const PROGRAMS: [&str; 8] = [
+    "skiff_connect4",
+    "skiff_connect6",
+    "skiff_sendmsg4",
+    "skiff_sendmsg6",
+    "skiff_recvmsg4",
+    "skiff_recvmsg6",
+    "skiff_getpeername4",
+    "skiff_getpeername6",
+];
+
+/// Map capacities (the daemon's flags).
+#[derive(Clone, Copy, Debug)]
+pub struct MapSizes {
+    pub services: u32,
+    pub backends: u32,
+    pub revnat: u32,
+    pub affinity: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        MapSizes {
+            services: 65_536,
+            backends: 262_144,
+            revnat: 262_144,
+            affinity: 65_536,
+        }
+    }
+}
+
+/// Where the pins live below the proxy's bpffs directory.
+pub fn maps_dir(bpffs: &Path) -> PathBuf {
+    bpffs.join("maps")
+}
+
+fn links_dir(bpffs: &Path) -> PathBuf {
+    bpffs.join("links")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("bpffs at {path}: {source}")]
+    Bpffs {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("loading the eBPF object: {0}")]
+    Object(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("program {0} is missing from the object")]
+    MissingProgram(&'static str),
+    #[error("opening cgroup {path}: {source}")]
+    Cgroup {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("link for {name} at {path}: {source}")]
+    Link {
+        name: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("pinning the link for {name}: {source}")]
+    Pin {
+        name: &'static str,
+        source: aya::pin::PinError,
+    },
+    #[error(transparent)]
+    Maps(#[from] maps::MapsError),
+}
+
+/// How the programs got attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    /// New links created and pinned.
+    Fresh,
+    /// Existing pinned links now run the programs just loaded.
+    Replaced,
+}
+
+/// Loads the programs, attaches them to `cgroup`, pins everything under `bpffs` and
+/// returns the maps for the sync engine.
+pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<(BpfMaps, Attach), LoadError> {
+    let bpffs_err = |source| LoadError::Bpffs {
+        path: bpffs.display().to_string(),
+        source,
+    };
+    bpffs::ensure(bpffs).map_err(bpffs_err)?;
+    let maps = maps_dir(bpffs);
+    let links = links_dir(bpffs);
+    std::fs::create_dir_all(&maps).map_err(bpffs_err)?;
+    std::fs::create_dir_all(&links).map_err(bpffs_err)?;
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(&maps)
+        .map_max_entries(MAP_SERVICES, sizes.services)
+        .map_max_entries(MAP_BACKENDS, sizes.backends)
+        .map_max_entries(MAP_REVNAT, sizes.revnat)
+        .map_max_entries(MAP_AFFINITY, sizes.affinity)
+        // Counters are indexed by frontend id, which is below the services capacity.
+        .map_max_entries(MAP_COUNTERS, sizes.services)
+        .load(object::bytes())?;
+    let cgroup_fd = std::fs::File::open(cgroup).map_err(|source| LoadError::Cgroup {
+        path: cgroup.display().to_string(),
+        source,
+    })?;
+    let mut attach = Attach::Fresh;
+    for name in PROGRAMS {
+        let prog: &mut CgroupSockAddr = ebpf
+            .program_mut(name)
+            .ok_or(LoadError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| LoadError::Program { name, source })?;
+        prog.load()
+            .map_err(|source| LoadError::Program { name, source })?;
+        let pin = links.join(name);
+        let link_err = |source| LoadError::Link {
+            name,
+            path: pin.display().to_string(),
+            source,
+        };
+        if pin.exists() {
+            let link = link::open_pinned(&pin).map_err(link_err)?;
+            let fd = prog
+                .fd()
+                .map_err(|source| LoadError::Program { name, source })?;
+            link::update(&link, fd.as_fd().as_raw_fd()).map_err(link_err)?;
+            attach = Attach::Replaced;
+        } else {
+            let id = prog
+                .attach(&cgroup_fd, CgroupAttachMode::Single)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let owned = prog
+                .take_link(id)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let fd_link: FdLink =
+                owned
+                    .try_into()
+                    .map_err(|e: aya::programs::links::LinkError| LoadError::Link {
+                        name,
+                        path: pin.display().to_string(),
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+            fd_link
+                .pin(&pin)
+                .map_err(|source| LoadError::Pin { name, source })?;
+        }
+    }
+    let maps = BpfMaps::from_loaded(&mut ebpf)?;
+    Ok((maps, attach))
+}
+
+/// Removes every pin under `bpffs` (links first: the programs detach), for `proxy reset`.
+pub fn unpin_all(bpffs: &Path) -> std::io::Result<()> {
+    for dir in [links_dir(bpffs), maps_dir(bpffs)] {
+        match std::fs::read_dir(&dir) {
+            Ok(entries) => {
+                for e in entries {
+                    std::fs::remove_file(e?.path())?;
+                }
+                std::fs::remove_dir(&dir)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

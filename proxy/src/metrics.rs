@@ -1,0 +1,214 @@
+//! Prometheus metrics and the HTTP endpoint serving them with /healthz. Kernel counters
+//! (per-frontend translations and refusals) are read from the maps at scrape time.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+type Labels = Vec<(&'static str, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    /// Seconds to apply one batch of changes to the data path.
+    pub sync_duration: Histogram,
+    pub events: Counter,
+    pub services: Gauge,
+    errors: Family<Labels, Counter>,
+    input_errors: Family<Labels, Counter>,
+    map_entries: Family<Labels, Gauge>,
+    map_capacity: Family<Labels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("skiff_proxy");
+        let sync_duration = Histogram::new(exponential_buckets(0.000_01, 2.0, 24));
+        let events = Counter::default();
+        let services = Gauge::default();
+        let errors = Family::<Labels, Counter>::default();
+        let input_errors = Family::<Labels, Counter>::default();
+        let map_entries = Family::<Labels, Gauge>::default();
+        let map_capacity = Family::<Labels, Gauge>::default();
+        registry.register(
+            "sync_duration_seconds",
+            "Time to apply one batch of desired-state changes to the data path",
+            sync_duration.clone(),
+        );
+        registry.register(
+            "events",
+            "Desired-state events received from the source",
+            events.clone(),
+        );
+        registry.register(
+            "services",
+            "Services in the desired state",
+            services.clone(),
+        );
+        registry.register(
+            "errors",
+            "Data path errors by kind (map_full, map_write, iptables)",
+            errors.clone(),
+        );
+        registry.register(
+            "input_errors",
+            "Rejected or suspicious input by reason (malformed, unknown_kind, invalid, duplicate, missing_service)",
+            input_errors.clone(),
+        );
+        registry.register(
+            "map_entries",
+            "Entries programmed per map (frontends, backends)",
+            map_entries.clone(),
+        );
+        registry.register("map_capacity", "Capacity per map", map_capacity.clone());
+        Metrics {
+            registry,
+            sync_duration,
+            events,
+            services,
+            errors,
+            input_errors,
+            map_entries,
+            map_capacity,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn error(&self, kind: &'static str) {
+        self.errors
+            .get_or_create(&vec![("kind", kind.to_string())])
+            .inc();
+    }
+
+    pub fn input_error(&self, reason: &'static str) {
+        self.input_errors
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
+    }
+
+    pub fn set_fill(&self, map: &'static str, entries: u64, capacity: Option<u64>) {
+        self.map_entries
+            .get_or_create(&vec![("map", map.to_string())])
+            .set(entries as i64);
+        if let Some(c) = capacity {
+            self.map_capacity
+                .get_or_create(&vec![("map", map.to_string())])
+                .set(c as i64);
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// One frontend's kernel counters, for the scrape.
+pub struct FrontendCounters {
+    pub service: String,
+    pub frontend: String,
+    pub translations: u64,
+    pub refused: u64,
+}
+
+pub type KernelCounters = Box<dyn Fn() -> Vec<FrontendCounters> + Send + Sync>;
+
+/// What the HTTP endpoint serves.
+pub struct Shared {
+    pub metrics: Metrics,
+    /// Set once the first full sync is done.
+    pub ready: AtomicBool,
+    pub kernel: Option<KernelCounters>,
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+fn render(shared: &Shared) -> String {
+    let mut text = shared.metrics.render();
+    if let Some(kernel) = &shared.kernel {
+        let body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
+        let mut out = body;
+        let rows = kernel();
+        for (name, help, pick) in [
+            (
+                "skiff_proxy_translations",
+                "Connections and datagrams translated to a backend, per frontend (kernel counter)",
+                (|c: &FrontendCounters| c.translations) as fn(&FrontendCounters) -> u64,
+            ),
+            (
+                "skiff_proxy_refused",
+                "Connections refused because the frontend had no ready backend (kernel counter)",
+                |c: &FrontendCounters| c.refused,
+            ),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} counter\n"));
+            for r in &rows {
+                out.push_str(&format!(
+                    "{name}_total{{service=\"{}\",frontend=\"{}\"}} {}\n",
+                    escape(&r.service),
+                    escape(&r.frontend),
+                    pick(r)
+                ));
+            }
+        }
+        out.push_str("# EOF\n");
+        text = out;
+    }
+    text
+}
+
+/// Serves /metrics and /healthz on `addr`; returns the bound address (port 0 allowed).
+pub async fn serve(addr: SocketAddr, shared: Arc<Shared>) -> std::io::Result<SocketAddr> {
+    use axum::{http::StatusCode, response::IntoResponse, routing::get, Router};
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let metrics_state = shared.clone();
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let s = metrics_state.clone();
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        render(&s),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let s = shared.clone();
+                async move {
+                    if s.ready.load(Ordering::Relaxed) {
+                        (StatusCode::OK, "ok\n")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "initial sync in progress\n",
+                        )
+                    }
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(bound)
+}

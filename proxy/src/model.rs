@@ -1,0 +1,441 @@
+//! The proxy's desired model in Kubernetes terms, and its conversion from the API types
+//! (k8s-openapi `Service` and `EndpointSlice`). Every source (manifests directory today,
+//! an API watch later) feeds the same objects, so validation lives here, once.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::fmt;
+use std::net::IpAddr;
+
+/// The label joining an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Kubernetes' default sessionAffinityConfig.clientIP.timeoutSeconds (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
+/// Kubernetes' upper bound for that timeout (one day).
+pub const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
+
+/// namespace/name of an object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ObjectKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    fn from_meta(
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Result<Self, ModelError> {
+        let name = meta
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or(ModelError::MissingName)?;
+        let namespace = meta
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".to_string());
+        Ok(ObjectKey { namespace, name })
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Service's namespace/name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceName(pub ObjectKey);
+
+/// An EndpointSlice's namespace/name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SliceName(pub ObjectKey);
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for SliceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// L4 protocols the data path translates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    fn parse(s: Option<&str>) -> Result<Self, ModelError> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Ok(Protocol::Tcp),
+            "UDP" => Ok(Protocol::Udp),
+            other => Err(ModelError::UnsupportedProtocol(other.to_string())),
+        }
+    }
+
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => proxy_common::PROTO_TCP,
+            Protocol::Udp => proxy_common::PROTO_UDP,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            proxy_common::PROTO_TCP => Some(Protocol::Tcp),
+            proxy_common::PROTO_UDP => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name, as iptables spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// A port number that is never zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Port(std::num::NonZeroU16);
+
+impl Port {
+    pub fn new(n: u16) -> Option<Self> {
+        std::num::NonZeroU16::new(n).map(Port)
+    }
+
+    fn from_i32(n: i32) -> Result<Self, ModelError> {
+        u16::try_from(n)
+            .ok()
+            .and_then(Port::new)
+            .ok_or(ModelError::InvalidPort(n))
+    }
+
+    pub fn get(self) -> u16 {
+        self.0.get()
+    }
+}
+
+impl fmt::Display for Port {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A port's name ("" for the single unnamed port): the join between a Service port and an
+/// EndpointSlice port.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortName(pub String);
+
+/// One port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: PortName,
+    pub port: Port,
+    pub protocol: Protocol,
+}
+
+/// sessionAffinity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Affinity {
+    None,
+    ClientIp { timeout_s: u32 },
+}
+
+/// What the proxy needs of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSpec {
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    pub affinity: Affinity,
+}
+
+/// One port of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: PortName,
+    pub port: Port,
+    pub protocol: Protocol,
+}
+
+/// IP family of a slice's addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// What the proxy needs of an EndpointSlice: its service, its ports, its ready addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceSpec {
+    pub service: ServiceName,
+    pub family: Family,
+    pub ports: Vec<SlicePort>,
+    pub ready: Vec<IpAddr>,
+}
+
+/// Why an object cannot be programmed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ModelError {
+    #[error("metadata.name is missing")]
+    MissingName,
+    #[error("spec is missing")]
+    MissingSpec,
+    #[error("spec.clusterIP is missing (the proxy needs an allocated cluster IP)")]
+    MissingClusterIp,
+    #[error("invalid IP address {0:?}")]
+    InvalidIp(String),
+    #[error("invalid port {0}: must be 1-65535")]
+    InvalidPort(i32),
+    #[error("protocol {0} is not supported (TCP and UDP are)")]
+    UnsupportedProtocol(String),
+    #[error("port {port}/{protocol:?} appears twice")]
+    DuplicatePort { port: u16, protocol: Protocol },
+    #[error("sessionAffinityConfig.clientIP.timeoutSeconds {0} is outside 1-86400")]
+    InvalidAffinityTimeout(i32),
+    #[error("label {SERVICE_NAME_LABEL} is missing")]
+    MissingServiceLabel,
+    #[error("IP family of {0} does not match the slice's addressType")]
+    FamilyMismatch(IpAddr),
+}
+
+impl ServiceSpec {
+    /// The proxy's view of a Service; `None` for Services it does not proxy (headless,
+    /// ExternalName).
+    pub fn from_k8s(svc: &Service) -> Result<Option<(ServiceName, ServiceSpec)>, ModelError> {
+        let key = ServiceName(ObjectKey::from_meta(&svc.metadata)?);
+        let spec = svc.spec.as_ref().ok_or(ModelError::MissingSpec)?;
+        if spec.type_.as_deref() == Some("ExternalName") {
+            return Ok(None);
+        }
+        let ips: Vec<&str> = match (&spec.cluster_ips, &spec.cluster_ip) {
+            (Some(ips), _) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
+            (_, Some(ip)) if !ip.is_empty() => vec![ip.as_str()],
+            _ => return Err(ModelError::MissingClusterIp),
+        };
+        if ips.contains(&"None") {
+            return Ok(None);
+        }
+        let cluster_ips = ips
+            .iter()
+            .map(|ip| {
+                ip.parse()
+                    .map_err(|_| ModelError::InvalidIp(ip.to_string()))
+            })
+            .collect::<Result<Vec<IpAddr>, _>>()?;
+        let mut ports: Vec<ServicePort> = Vec::new();
+        for p in spec.ports.iter().flatten() {
+            let port = ServicePort {
+                name: PortName(p.name.clone().unwrap_or_default()),
+                port: Port::from_i32(p.port)?,
+                protocol: Protocol::parse(p.protocol.as_deref())?,
+            };
+            if ports
+                .iter()
+                .any(|q| q.port == port.port && q.protocol == port.protocol)
+            {
+                return Err(ModelError::DuplicatePort {
+                    port: port.port.get(),
+                    protocol: port.protocol,
+                });
+            }
+            ports.push(port);
+        }
+        let affinity = match spec.session_affinity.as_deref() {
+            Some("ClientIP") => {
+                let t = spec
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds)
+                    .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S as i32);
+                match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => {
+                        Affinity::ClientIp { timeout_s: t }
+                    }
+                    _ => return Err(ModelError::InvalidAffinityTimeout(t)),
+                }
+            }
+            _ => Affinity::None,
+        };
+        Ok(Some((
+            key,
+            ServiceSpec {
+                cluster_ips,
+                ports,
+                affinity,
+            },
+        )))
+    }
+}
+
+impl SliceSpec {
+    /// The proxy's view of an EndpointSlice; `None` for FQDN slices (not proxied).
+    pub fn from_k8s(slice: &EndpointSlice) -> Result<Option<(SliceName, SliceSpec)>, ModelError> {
+        let key = SliceName(ObjectKey::from_meta(&slice.metadata)?);
+        let family = match slice.address_type.as_str() {
+            "IPv4" => Family::V4,
+            "IPv6" => Family::V6,
+            _ => return Ok(None),
+        };
+        let service = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .filter(|s| !s.is_empty())
+            .ok_or(ModelError::MissingServiceLabel)?;
+        let mut ports = Vec::new();
+        for p in slice.ports.iter().flatten() {
+            // A port without a number means "all ports", which ClusterIP services never
+            // produce; kube-proxy ignores it too.
+            let Some(n) = p.port else { continue };
+            ports.push(SlicePort {
+                name: PortName(p.name.clone().unwrap_or_default()),
+                port: Port::from_i32(n)?,
+                protocol: Protocol::parse(p.protocol.as_deref())?,
+            });
+        }
+        let mut ready = Vec::new();
+        for ep in &slice.endpoints {
+            // Unknown readiness counts as ready, as the EndpointSlice API defines.
+            let is_ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            if !is_ready {
+                continue;
+            }
+            // Consumers use the first address only (the API says the others are ignored).
+            let Some(addr) = ep.addresses.first() else {
+                continue;
+            };
+            let ip: IpAddr = addr
+                .parse()
+                .map_err(|_| ModelError::InvalidIp(addr.clone()))?;
+            if Family::of(&ip) != family {
+                return Err(ModelError::FamilyMismatch(ip));
+            }
+            ready.push(ip);
+        }
+        Ok(Some((
+            key.clone(),
+            SliceSpec {
+                service: ServiceName(ObjectKey::new(key.0.namespace, service.clone())),
+                family,
+                ports,
+                ready,
+            },
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(json: serde_json::Value) -> Service {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn service_with_named_ports_and_affinity() {
+        let s = service(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.10", "sessionAffinity": "ClientIP",
+                     "ports": [{"name": "http", "port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"}]}
+        }));
+        let (name, spec) = ServiceSpec::from_k8s(&s).unwrap().unwrap();
+        assert_eq!(name.to_string(), "shop/web");
+        assert_eq!(
+            spec.cluster_ips,
+            vec!["10.96.0.10".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(spec.ports[1].protocol, Protocol::Udp);
+        assert_eq!(spec.affinity, Affinity::ClientIp { timeout_s: 10_800 });
+    }
+
+    #[test]
+    fn bad_services_are_rejected_with_the_reason() {
+        let port0 = service(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+            "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 0}]}
+        }));
+        assert_eq!(
+            ServiceSpec::from_k8s(&port0),
+            Err(ModelError::InvalidPort(0))
+        );
+        let no_ip = service(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+            "spec": {"ports": [{"port": 80}]}
+        }));
+        assert_eq!(
+            ServiceSpec::from_k8s(&no_ip),
+            Err(ModelError::MissingClusterIp)
+        );
+        let sctp = service(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+            "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80, "protocol": "SCTP"}]}
+        }));
+        assert!(matches!(
+            ServiceSpec::from_k8s(&sctp),
+            Err(ModelError::UnsupportedProtocol(_))
+        ));
+    }
+
+    #[test]
+    fn headless_and_external_name_are_not_proxied() {
+        let headless = service(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+            "spec": {"clusterIP": "None", "ports": [{"port": 80}]}
+        }));
+        assert_eq!(ServiceSpec::from_k8s(&headless), Ok(None));
+    }
+
+    #[test]
+    fn slice_keeps_ready_endpoints_only() {
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-abc", "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [
+                {"addresses": ["10.244.0.2"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.0.3"], "conditions": {"ready": false}},
+                {"addresses": ["10.244.0.4"]}
+            ]
+        }))
+        .unwrap();
+        let (name, spec) = SliceSpec::from_k8s(&slice).unwrap().unwrap();
+        assert_eq!(name.to_string(), "shop/web-abc");
+        assert_eq!(spec.service.to_string(), "shop/web");
+        assert_eq!(spec.ready.len(), 2);
+        assert_eq!(spec.ports[0].port.get(), 8080);
+    }
+}

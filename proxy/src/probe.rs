@@ -1,0 +1,133 @@
+//! `proxy probe`: a connectivity check through a service address, run from where a client
+//! would be (`ip netns exec`, a pod's cgroup). It speaks HTTP/1.0 over TCP or sends UDP
+//! datagrams and prints one JSON line per attempt: the reply, the peer the socket reports
+//! (getpeername, or the source of a UDP reply) and the error if any.
+
+use serde::Serialize;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Serialize)]
+pub struct Attempt {
+    pub ok: bool,
+    /// The body of the HTTP reply, or the UDP reply.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errno: Option<i32>,
+}
+
+impl Attempt {
+    fn from_result(r: io::Result<(String, SocketAddr)>) -> Self {
+        match r {
+            Ok((reply, peer)) => Attempt {
+                ok: true,
+                reply: Some(reply),
+                peer: Some(peer.to_string()),
+                error: None,
+                errno: None,
+            },
+            Err(e) => Attempt {
+                ok: false,
+                reply: None,
+                peer: None,
+                errno: e.raw_os_error(),
+                error: Some(e.to_string()),
+            },
+        }
+    }
+}
+
+/// One HTTP/1.0 GET over a fresh TCP connection.
+pub fn http_once(addr: SocketAddr) -> io::Result<(String, SocketAddr)> {
+    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    let peer = s.peer_addr()?;
+    s.set_read_timeout(Some(TIMEOUT))?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: probe\r\n\r\n")?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let text = String::from_utf8_lossy(&resp);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no HTTP reply"))?;
+    Ok((body, peer))
+}
+
+/// One datagram from an unconnected socket, and its reply.
+pub fn udp_once(addr: SocketAddr, payload: &[u8]) -> io::Result<(String, SocketAddr)> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let s = UdpSocket::bind(bind)?;
+    s.set_read_timeout(Some(TIMEOUT))?;
+    s.send_to(payload, addr)?;
+    let mut buf = [0u8; 2048];
+    let (n, from) = s.recv_from(&mut buf)?;
+    Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Udp,
+}
+
+/// Runs `count` attempts (or, with `until_stdin_closes`, attempts until standard input
+/// reaches EOF), printing each as JSON; returns (ok, failed).
+pub fn run(
+    proto: Protocol,
+    addr: SocketAddr,
+    count: u64,
+    until_stdin_closes: bool,
+    out: &mut impl Write,
+) -> io::Result<(u64, u64)> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if until_stdin_closes {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = io::stdin().read_to_end(&mut sink);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+    let (mut ok, mut failed) = (0, 0);
+    let mut i = 0;
+    loop {
+        if until_stdin_closes {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+        } else if i >= count {
+            break;
+        }
+        i += 1;
+        let attempt = Attempt::from_result(match proto {
+            Protocol::Http => http_once(addr),
+            Protocol::Udp => udp_once(addr, b"probe"),
+        });
+        if attempt.ok {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+        // In loop mode only failures are worth a line each.
+        if !until_stdin_closes || !attempt.ok {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&attempt).map_err(io::Error::other)?
+            )?;
+        }
+    }
+    Ok((ok, failed))
+}

@@ -1,0 +1,338 @@
+//! Property tests of the sync engine against a recording model of the maps: after any
+//! sequence of events the maps equal the desired state, and at every single write the
+//! ordering invariant holds (every exposed slot exists and holds an old or a new backend).
+
+use super::*;
+use crate::desired::{Change, DesiredState};
+use crate::model::{
+    Family, ObjectKey, Port, PortName, Protocol, ServicePort, ServiceSpec, SliceName, SlicePort,
+    SliceSpec,
+};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// The maps as a model, checking the invariant after every write.
+#[derive(Default)]
+struct Recording {
+    services: BTreeMap<ServiceKey, ServiceValue>,
+    backends: BTreeMap<BackendKey, Backend>,
+    /// Per frontend, the backends a client may legitimately reach during the current
+    /// update: old set ∪ new set.
+    allowed: HashMap<ServiceKey, HashSet<Backend>>,
+    writes: usize,
+    /// Fail with "full" once this many entries would be in the backends map.
+    backend_capacity: Option<usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("map full")]
+struct Full;
+
+impl MapWriter for Recording {
+    type Error = Full;
+    fn write(&mut self, op: &MapOp) -> Result<(), Full> {
+        self.writes += 1;
+        match op {
+            MapOp::SetService(k, v) => {
+                self.services.insert(*k, *v);
+            }
+            MapOp::DelService(k) => {
+                self.services.remove(k);
+            }
+            MapOp::SetBackend(k, b) => {
+                if let Some(cap) = self.backend_capacity {
+                    if !self.backends.contains_key(k) && self.backends.len() >= cap {
+                        return Err(Full);
+                    }
+                }
+                self.backends.insert(*k, *b);
+            }
+            MapOp::DelBackend(k) => {
+                self.backends.remove(k);
+            }
+            MapOp::ResetCounters(_) => {}
+        }
+        self.check_invariant(op);
+        Ok(())
+    }
+}
+
+impl Recording {
+    fn check_invariant(&self, op: &MapOp) {
+        for (k, v) in &self.services {
+            for slot in 0..v.count {
+                let b = self
+                    .backends
+                    .get(&BackendKey {
+                        service: v.id,
+                        slot,
+                    })
+                    .unwrap_or_else(|| panic!("after {op:?}: {k:?} exposes empty slot {slot}"));
+                if let Some(allowed) = self.allowed.get(k) {
+                    assert!(
+                        allowed.contains(b),
+                        "after {op:?}: {k:?} slot {slot} exposes stale backend {b:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn name(i: u8) -> ServiceName {
+    ServiceName(ObjectKey::new("default", format!("svc-{i}")))
+}
+
+fn cluster_ip(i: u8) -> IpAddr {
+    format!("10.96.0.{i}").parse().unwrap()
+}
+
+fn spec(i: u8, affinity: bool) -> ServiceSpec {
+    ServiceSpec {
+        cluster_ips: vec![cluster_ip(i)],
+        ports: vec![ServicePort {
+            name: PortName("p".into()),
+            port: Port::new(80).unwrap(),
+            protocol: Protocol::Tcp,
+        }],
+        affinity: if affinity {
+            Affinity::ClientIp { timeout_s: 60 }
+        } else {
+            Affinity::None
+        },
+    }
+}
+
+fn slice(service: u8, endpoints: &[u8]) -> SliceSpec {
+    SliceSpec {
+        service: name(service),
+        family: Family::V4,
+        ports: vec![SlicePort {
+            name: PortName("p".into()),
+            port: Port::new(8080).unwrap(),
+            protocol: Protocol::Tcp,
+        }],
+        ready: endpoints
+            .iter()
+            .map(|e| format!("10.244.0.{e}").parse().unwrap())
+            .collect(),
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Ev {
+    Service(u8, Option<bool>),
+    Slice(u8, u8, Option<Vec<u8>>),
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    prop_oneof![
+        (0u8..6, proptest::option::of(any::<bool>())).prop_map(|(s, a)| Ev::Service(s, a)),
+        (
+            0u8..6,
+            0u8..2,
+            proptest::option::weighted(0.8, proptest::collection::vec(0u8..12, 0..10))
+        )
+            .prop_map(|(s, n, e)| Ev::Slice(s, n, e)),
+    ]
+}
+
+fn to_change(e: &Ev) -> Change {
+    match e {
+        Ev::Service(i, a) => Change::Service(name(*i), a.map(|a| spec(*i, a))),
+        Ev::Slice(s, n, eps) => Change::Slice(
+            SliceName(ObjectKey::new("default", format!("svc-{s}-{n}"))),
+            eps.as_ref().map(|eps| slice(*s, eps)),
+        ),
+    }
+}
+
+/// Applies one event through the engine, with the allowed sets set for the check.
+fn step(desired: &mut DesiredState, engine: &mut MapSync<Recording>, e: &Ev) {
+    let affected = desired.apply(to_change(e)).unwrap();
+    for svc in affected {
+        let want = desired.frontends(&svc);
+        let rec = &mut engine.writer;
+        rec.allowed.clear();
+        for (fk, f) in &want {
+            let skey = service_key(fk);
+            let mut allowed: HashSet<Backend> = f.backends.iter().map(backend).collect();
+            if let Some(v) = rec.services.get(&skey) {
+                for slot in 0..v.count {
+                    allowed.extend(rec.backends.get(&BackendKey {
+                        service: v.id,
+                        slot,
+                    }));
+                }
+            }
+            rec.allowed.insert(skey, allowed);
+        }
+        let errors = engine.update(&svc, &want);
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+}
+
+/// The maps hold exactly the desired frontends with exactly their backends.
+fn assert_maps_equal_desired(desired: &DesiredState, rec: &Recording) {
+    let mut want: BTreeMap<ServiceKey, BTreeSet<Backend>> = BTreeMap::new();
+    for svc in desired.service_names() {
+        for (k, f) in desired.frontends(svc) {
+            want.insert(service_key(&k), f.backends.iter().map(backend).collect());
+        }
+    }
+    let mut got: BTreeMap<ServiceKey, BTreeSet<Backend>> = BTreeMap::new();
+    let mut referenced = 0;
+    for (k, v) in &rec.services {
+        let set: BTreeSet<Backend> = (0..v.count)
+            .map(|slot| {
+                rec.backends[&BackendKey {
+                    service: v.id,
+                    slot,
+                }]
+            })
+            .collect();
+        assert_eq!(set.len(), v.count as usize, "duplicate backend in {k:?}");
+        referenced += v.count as usize;
+        got.insert(*k, set);
+    }
+    assert_eq!(got, want);
+    assert_eq!(
+        referenced,
+        rec.backends.len(),
+        "slots beyond a count remain"
+    );
+    let ids: HashSet<u32> = rec.services.values().map(|v| v.id).collect();
+    assert_eq!(ids.len(), rec.services.len(), "two frontends share an id");
+}
+
+fn limits() -> Limits {
+    Limits {
+        max_services: 64,
+        max_backends: 1024,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn maps_follow_any_sequence_of_events(events in proptest::collection::vec(ev(), 1..60)) {
+        let mut desired = DesiredState::default();
+        let mut engine = MapSync::new(Recording::default(), limits());
+        for e in &events {
+            step(&mut desired, &mut engine, e);
+            assert_maps_equal_desired(&desired, &engine.writer);
+        }
+    }
+
+    /// A restart adopts the maps, re-applies the desired state and cleans up: the result
+    /// is the desired state, and an unchanged service costs no write at all.
+    #[test]
+    fn restart_adopts_the_maps(
+        before in proptest::collection::vec(ev(), 1..40),
+        after in proptest::collection::vec(ev(), 0..10),
+    ) {
+        let mut desired = DesiredState::default();
+        let mut engine = MapSync::new(Recording::default(), limits());
+        for e in &before {
+            step(&mut desired, &mut engine, e);
+        }
+        let old = engine.writer;
+        let mut rec = Recording { services: old.services.clone(), backends: old.backends.clone(), ..Recording::default() };
+        rec.writes = 0;
+        let mut restarted = MapSync::new(rec, limits());
+        restarted.adopt(old.services.into_iter().collect(), old.backends.into_iter().collect());
+        let names: Vec<ServiceName> = desired.service_names().cloned().collect();
+        for svc in &names {
+            let f = desired.frontends(svc);
+            assert!(restarted.update(svc, &f).is_empty());
+        }
+        prop_assert_eq!(restarted.writer.writes, 0);
+        restarted.initial_sync_done().unwrap();
+        for e in &after {
+            step(&mut desired, &mut restarted, e);
+        }
+        assert_maps_equal_desired(&desired, &restarted.writer);
+    }
+}
+
+#[test]
+fn one_endpoint_change_writes_one_slot_and_nothing_else() {
+    let mut desired = DesiredState::default();
+    let mut engine = MapSync::new(Recording::default(), limits());
+    step(&mut desired, &mut engine, &Ev::Service(1, Some(false)));
+    step(
+        &mut desired,
+        &mut engine,
+        &Ev::Slice(1, 0, Some(vec![1, 2, 3])),
+    );
+    let before = engine.writer.writes;
+    // Replace endpoint 2 by 4: one slot rewritten in place, count unchanged.
+    step(
+        &mut desired,
+        &mut engine,
+        &Ev::Slice(1, 0, Some(vec![1, 3, 4])),
+    );
+    assert_eq!(engine.writer.writes - before, 1);
+    // Remove endpoint 1: the tail moves into its slot, the count shrinks, the tail goes.
+    let before = engine.writer.writes;
+    step(
+        &mut desired,
+        &mut engine,
+        &Ev::Slice(1, 0, Some(vec![3, 4])),
+    );
+    assert_eq!(engine.writer.writes - before, 3);
+}
+
+#[test]
+fn a_full_map_refuses_new_frontends_and_keeps_the_others() {
+    let mut desired = DesiredState::default();
+    let mut engine = MapSync::new(
+        Recording::default(),
+        Limits {
+            max_services: 2,
+            max_backends: 1024,
+        },
+    );
+    for i in 0..2 {
+        step(&mut desired, &mut engine, &Ev::Service(i, Some(false)));
+    }
+    desired
+        .apply(to_change(&Ev::Service(2, Some(false))))
+        .unwrap();
+    let errors = engine.update(&name(2), &desired.frontends(&name(2)));
+    assert!(matches!(
+        errors.as_slice(),
+        [DataplaneError::Full {
+            capacity: Capacity::Services,
+            ..
+        }]
+    ));
+    assert_eq!(engine.fill().frontends, 2);
+    assert_eq!(engine.writer.services.len(), 2);
+    // Freeing one makes room.
+    step(&mut desired, &mut engine, &Ev::Service(0, None));
+    assert!(engine
+        .update(&name(2), &desired.frontends(&name(2)))
+        .is_empty());
+    assert_eq!(engine.writer.services.len(), 2);
+}
+
+#[test]
+fn a_failed_write_is_reported_not_panicked() {
+    let mut desired = DesiredState::default();
+    let rec = Recording {
+        backend_capacity: Some(2),
+        ..Recording::default()
+    };
+    let mut engine = MapSync::new(rec, limits());
+    step(&mut desired, &mut engine, &Ev::Service(1, Some(false)));
+    desired
+        .apply(to_change(&Ev::Slice(1, 0, Some(vec![1, 2, 3]))))
+        .unwrap();
+    let errors = engine.update(&name(1), &desired.frontends(&name(1)));
+    assert!(matches!(errors.as_slice(), [DataplaneError::Write(_)]));
+    // The frontend still answers with what it had (no backends: refused), never a hole.
+    engine.writer.check_invariant(&MapOp::ResetCounters(0));
+}
