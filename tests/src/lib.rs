@@ -2,6 +2,8 @@
 //! kernel and process fixtures (network namespaces, cgroups, servers). Depends on no other
 //! skiff crate, so every crate can use it as a dev-dependency.
 
+pub mod cgroup;
+pub mod netns;
 pub mod registry;
 pub mod subnet;
 pub mod wait;

@@ -1,0 +1,197 @@
+//! Network namespaces for tests: create one with a unique name (loopback up), run `ip`
+//! inside it, start processes in it, create sockets in it from a thread, and connect it to
+//! another namespace (or the host) with a veth pair. Everything is removed on Drop, also
+//! when the test fails.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A short name unique across concurrently running test processes: `<prefix><pid>x<n>`.
+/// Interface names allow 15 bytes, so keep `prefix` to 3 characters where that matters.
+pub fn unique_name(prefix: &str) -> String {
+    format!(
+        "{prefix}{}x{}",
+        std::process::id() % 100_000,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs a command, panicking with its stderr if it fails (fixtures have no way to go on).
+pub fn must(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network namespace (`ip netns add`), deleted on Drop.
+pub struct NetNs {
+    name: String,
+    file: File,
+}
+
+impl NetNs {
+    /// A new namespace named `<prefix><unique>` with loopback up.
+    pub fn new(prefix: &str) -> NetNs {
+        let name = unique_name(prefix);
+        must(Command::new("ip").args(["netns", "add", &name]));
+        let file = File::open(format!("/run/netns/{name}"))
+            .unwrap_or_else(|e| panic!("opening /run/netns/{name}: {e}"));
+        let ns = NetNs { name, file };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <ns> <args>`; panics on failure.
+    pub fn ip(&self, args: &[&str]) -> String {
+        must(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// A command that runs inside the namespace. Unlike `ip netns exec` it enters only the
+    /// network namespace (no /sys remount), so cgroup paths stay visible.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        self.enter_before_exec(&mut cmd);
+        cmd
+    }
+
+    /// Makes an existing command enter the namespace before it executes.
+    pub fn enter_before_exec(&self, cmd: &mut Command) {
+        let fd = self.file.as_raw_fd();
+        // SAFETY: setns is async-signal-safe; fd stays open in the child until exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Runs `f` on a new thread inside the namespace and returns its result. Sockets made
+    /// there belong to the namespace and can be used from any thread afterwards.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let fd = self.file.as_raw_fd();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                // SAFETY: changes only this (short-lived) thread's network namespace.
+                let r = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
+                assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("thread in netns panicked")
+        })
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// A veth pair: one end in the host namespace (or in `host_ns`), the other in `peer_ns`.
+/// Deleting one end deletes both, on Drop.
+pub struct Veth {
+    pub host: String,
+    pub peer: String,
+    host_ns: Option<String>,
+}
+
+impl Veth {
+    /// Creates `<host>` (in `host_ns`, or the test's namespace if `None`) paired with
+    /// `<peer>` inside `peer_ns`; both ends up.
+    pub fn new(host_ns: Option<&NetNs>, peer_ns: &NetNs) -> Veth {
+        let host = unique_name("vh");
+        let peer = unique_name("vp");
+        let mut add = Command::new("ip");
+        if let Some(ns) = host_ns {
+            add.arg("-n").arg(ns.name());
+        }
+        add.args(["link", "add", &host, "type", "veth", "peer", "name", &peer, "netns"])
+            .arg(peer_ns.name());
+        must(&mut add);
+        let veth = Veth {
+            host,
+            peer,
+            host_ns: host_ns.map(|n| n.name().to_string()),
+        };
+        let mut up = Command::new("ip");
+        if let Some(ns) = &veth.host_ns {
+            up.arg("-n").arg(ns);
+        }
+        must(up.args(["link", "set", &veth.host, "up"]));
+        peer_ns.ip(&["link", "set", &veth.peer, "up"]);
+        veth
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let mut del = Command::new("ip");
+        if let Some(ns) = &self.host_ns {
+            del.arg("-n").arg(ns);
+        }
+        let _ = del.args(["link", "del", &self.host]).output();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_and_processes_live_in_the_namespace() {
+        let ns = NetNs::new("nst");
+        ns.ip(&["addr", "add", "10.250.255.1/32", "dev", "lo"]);
+        // A listener made inside the namespace...
+        let l = ns.run(|| std::net::TcpListener::bind("10.250.255.1:0").unwrap());
+        let port = l.local_addr().unwrap().port();
+        // ...is reachable from a process in it, and not from the host.
+        let out = ns.command("ip").args(["-o", "addr", "show", "lo"]).output().unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("10.250.255.1"));
+        assert!(ns
+            .run(|| std::net::TcpStream::connect(("10.250.255.1", port)))
+            .is_ok());
+        let name = ns.name().to_string();
+        drop(ns);
+        assert!(!std::path::Path::new(&format!("/run/netns/{name}")).exists());
+    }
+
+    #[test]
+    fn veth_connects_two_namespaces_and_goes_away() {
+        let a = NetNs::new("nsa");
+        let b = NetNs::new("nsb");
+        let v = Veth::new(Some(&a), &b);
+        a.ip(&["addr", "add", "10.250.254.1/30", "dev", &v.host]);
+        b.ip(&["addr", "add", "10.250.254.2/30", "dev", &v.peer]);
+        let l = b.run(|| std::net::TcpListener::bind("10.250.254.2:0").unwrap());
+        let port = l.local_addr().unwrap().port();
+        assert!(a
+            .run(|| std::net::TcpStream::connect(("10.250.254.2", port)))
+            .is_ok());
+        let host = v.host.clone();
+        drop(v);
+        let out = Command::new("ip")
+            .args(["-n", a.name(), "link", "show", &host])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+    }
+}
