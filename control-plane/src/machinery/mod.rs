@@ -6,11 +6,15 @@
 #![allow(clippy::result_large_err)]
 
 pub mod duration;
+pub mod group_kind;
+pub mod patch;
 pub mod quantity;
 pub mod selectors;
 pub mod status;
 pub mod validation;
 
+pub use group_kind::GroupKind;
+pub use patch::PatchType;
 pub use quantity::Quantity;
 pub use selectors::{FieldRequirement, FieldSelector, LabelSelector};
 pub use status::{ApiError, CauseType, FieldError, Reason};
