@@ -11,6 +11,7 @@ pub mod patch;
 pub mod quantity;
 pub mod selectors;
 pub mod status;
+pub mod strict;
 pub mod validation;
 
 pub use group_kind::GroupKind;

@@ -1,0 +1,208 @@
+//! `fieldValidation=Strict`: the fields of a request body that the kind's typed object does
+//! not know. The body is decoded into the k8s-openapi struct (whose deserialisers skip unknown
+//! keys), encoded back, and the two key trees compared: a key that did not survive the round
+//! trip is unknown. Maps with free-form keys (labels, annotations, data, selector) survive
+//! whole, so only struct fields can be reported.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use k8s_openapi::api::{apps, autoscaling, coordination, core, discovery, events};
+
+/// Paths of unknown fields as Kubernetes' strict decoder names them
+/// (`spec.template.spec.containers[0].imagee`), in document order. Empty when the kind is
+/// not served here or the body does not decode at all (the decoder's own error then applies).
+pub fn unknown_fields(group: &str, kind: &str, v: &Value) -> Vec<String> {
+    let Some(known) = round_trip(group, kind, v) else {
+        return vec![];
+    };
+    let mut unknown = vec![];
+    diff(v, &known, &mut String::new(), &mut unknown);
+    unknown
+}
+
+/// `strict decoding error: unknown field "a", unknown field "b"`, Kubernetes' message.
+pub fn strict_error_message(unknown: &[String]) -> String {
+    let fields: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field \"{f}\""))
+        .collect();
+    format!("strict decoding error: {}", fields.join(", "))
+}
+
+fn typed<T: DeserializeOwned + Serialize>(v: &Value) -> Option<Value> {
+    let t: T = serde_json::from_value(v.clone()).ok()?;
+    serde_json::to_value(t).ok()
+}
+
+fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Value> {
+    match (group, kind) {
+        ("", "Namespace") => typed::<core::v1::Namespace>(v),
+        ("", "Pod") => typed::<core::v1::Pod>(v),
+        ("", "Service") => typed::<core::v1::Service>(v),
+        ("", "Endpoints") => typed::<core::v1::Endpoints>(v),
+        ("", "Node") => typed::<core::v1::Node>(v),
+        ("", "Event") => typed::<core::v1::Event>(v),
+        ("", "ConfigMap") => typed::<core::v1::ConfigMap>(v),
+        ("", "Secret") => typed::<core::v1::Secret>(v),
+        ("", "ServiceAccount") => typed::<core::v1::ServiceAccount>(v),
+        ("", "Binding") => typed::<core::v1::Binding>(v),
+        ("apps", "Deployment") => typed::<apps::v1::Deployment>(v),
+        ("apps", "ReplicaSet") => typed::<apps::v1::ReplicaSet>(v),
+        ("apps", "DaemonSet") => typed::<apps::v1::DaemonSet>(v),
+        ("discovery.k8s.io", "EndpointSlice") => typed::<discovery::v1::EndpointSlice>(v),
+        ("coordination.k8s.io", "Lease") => typed::<coordination::v1::Lease>(v),
+        ("events.k8s.io", "Event") => typed::<events::v1::Event>(v),
+        ("autoscaling", "Scale") => typed::<autoscaling::v1::Scale>(v),
+        _ => None,
+    }
+}
+
+fn diff(input: &Value, known: &Value, path: &mut String, out: &mut Vec<String>) {
+    match (input, known) {
+        (Value::Object(i), Value::Object(k)) => {
+            for (key, value) in i {
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+                match k.get(key) {
+                    // An explicit null decodes to "absent": not unknown.
+                    None if value.is_null() => {}
+                    None => out.push(path.clone()),
+                    Some(kv) => diff(value, kv, path, out),
+                }
+                path.truncate(len);
+            }
+        }
+        (Value::Array(i), Value::Array(k)) => {
+            for (n, (iv, kv)) in i.iter().zip(k).enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{n}]"));
+                diff(iv, kv, path, out);
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn deployment() -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "labels": {"any-key": "x"}, "annotations": {"free/form": "y"}},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "web", "image": "nginx", "resources": {"limits": {"cpu": "1"}}}]}
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn known_object_has_no_unknown_fields() {
+        assert!(unknown_fields("apps", "Deployment", &deployment()).is_empty());
+        let cm = json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c"},"data":{"any.key":"v"},"binaryData":{"b":"AAE="}});
+        assert!(unknown_fields("", "ConfigMap", &cm).is_empty());
+    }
+
+    #[test]
+    fn reports_paths_like_kubernetes() {
+        let mut d = deployment();
+        d["spec"]["template"]["spec"]["containers"][0]["imagee"] = json!("typo");
+        d["spec"]["bogus"] = json!({"deep": 1});
+        d["metadata"]["nmae"] = json!("x");
+        let unknown = unknown_fields("apps", "Deployment", &d);
+        assert_eq!(
+            unknown,
+            vec![
+                "metadata.nmae",
+                "spec.bogus",
+                "spec.template.spec.containers[0].imagee"
+            ]
+        );
+        assert_eq!(
+            strict_error_message(&unknown[..1]),
+            "strict decoding error: unknown field \"metadata.nmae\""
+        );
+    }
+
+    #[test]
+    fn nulls_and_undecodable_bodies() {
+        let mut d = deployment();
+        d["spec"]["paused"] = Value::Null;
+        assert!(unknown_fields("apps", "Deployment", &d).is_empty());
+        d["spec"]["replicas"] = json!("three");
+        assert!(unknown_fields("apps", "Deployment", &d).is_empty());
+        assert!(unknown_fields("example.com", "Widget", &json!({"x": 1})).is_empty());
+    }
+
+    #[test]
+    fn every_served_kind_decodes() {
+        for (group, kind) in [
+            ("", "Namespace"),
+            ("", "Pod"),
+            ("", "Service"),
+            ("", "Endpoints"),
+            ("", "Node"),
+            ("", "Event"),
+            ("", "ConfigMap"),
+            ("", "Secret"),
+            ("", "ServiceAccount"),
+            ("", "Binding"),
+            ("apps", "Deployment"),
+            ("apps", "ReplicaSet"),
+            ("apps", "DaemonSet"),
+            ("discovery.k8s.io", "EndpointSlice"),
+            ("coordination.k8s.io", "Lease"),
+            ("events.k8s.io", "Event"),
+            ("autoscaling", "Scale"),
+        ] {
+            let mut v = json!({"metadata": {"name": "x"}, "extra": 1});
+            // Required fields of the few kinds that have them.
+            match kind {
+                "Binding" => v["target"] = json!({"name": "n"}),
+                "EndpointSlice" => {
+                    v["addressType"] = json!("IPv4");
+                    v["endpoints"] = json!([]);
+                }
+                "Event" if group == "events.k8s.io" => {
+                    v["eventTime"] = json!("2024-01-01T00:00:00.000000Z")
+                }
+                "Event" => v["involvedObject"] = json!({}),
+                _ => {}
+            }
+            assert_eq!(
+                unknown_fields(group, kind, &v),
+                vec!["extra"],
+                "{group}/{kind}"
+            );
+        }
+    }
+
+    proptest! {
+        // Any unknown key added anywhere in the pod spec is reported at exactly its path.
+        #[test]
+        fn finds_injected_field(name in "[a-z]{3,8}x", at in 0..3usize) {
+            let mut d = deployment();
+            let (target, path) = match at {
+                0 => (&mut d["spec"], "spec"),
+                1 => (&mut d["spec"]["template"]["spec"], "spec.template.spec"),
+                _ => (&mut d["spec"]["template"]["spec"]["containers"][0], "spec.template.spec.containers[0]"),
+            };
+            target[&name] = json!(1);
+            prop_assert_eq!(unknown_fields("apps", "Deployment", &d), vec![format!("{path}.{name}")]);
+        }
+    }
+}
