@@ -11,6 +11,7 @@ use crate::model::{ObjectKey, ServiceName, ServiceSpec, SliceName, SliceSpec};
 use crate::source::manifests::ManifestDir;
 use crate::source::{Kind, Resource, Source, SourceEvent};
 use crate::sync::{Limits, MapSync};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -141,6 +142,9 @@ async fn serve<D: Dataplane + Send + 'static>(
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
     let mut desired = DesiredState::default();
+    // Services changed since they were last programmed (all of them until the first sync).
+    let mut affected: HashSet<ServiceName> = HashSet::new();
+    let mut initial_done = false;
     let started = Instant::now();
     loop {
         let first = tokio::select! {
@@ -167,13 +171,28 @@ async fn serve<D: Dataplane + Send + 'static>(
             shared.metrics.events.inc();
             if matches!(ev, SourceEvent::Synced) {
                 synced = true;
-                if let Err(e) = dp.initial_sync_done() {
-                    shared.metrics.error(e.kind());
-                    tracing::error!(error = %e, "cleaning up after the initial sync");
-                }
                 continue;
             }
-            handle(ev, &mut desired, &mut *dp, &shared.metrics);
+            affected.extend(handle(ev, &mut desired, &shared.metrics));
+        }
+        // Until the source has listed everything the data path is left alone: a service
+        // seen before its slices must not be programmed empty (refusing connections that
+        // a previous run routes fine).
+        if initial_done || synced {
+            for svc in std::mem::take(&mut affected) {
+                let frontends = desired.frontends(&svc);
+                for e in dp.update(&svc, &frontends) {
+                    shared.metrics.error(e.kind());
+                    tracing::error!(service = %svc, error = %e, "service not fully programmed");
+                }
+            }
+        }
+        if synced && !initial_done {
+            initial_done = true;
+            if let Err(e) = dp.initial_sync_done() {
+                shared.metrics.error(e.kind());
+                tracing::error!(error = %e, "cleaning up after the initial sync");
+            }
         }
         if let Err(e) = dp.flush() {
             shared.metrics.error(e.kind());
@@ -206,15 +225,15 @@ async fn serve<D: Dataplane + Send + 'static>(
     Ok(())
 }
 
-/// One source event through validation, the desired state and the data path. Bad input is
-/// logged and counted and changes nothing.
-fn handle(ev: SourceEvent, desired: &mut DesiredState, dp: &mut dyn Dataplane, m: &Metrics) {
+/// One source event through validation into the desired state; returns the services it
+/// affects. Bad input is logged and counted and changes nothing.
+fn handle(ev: SourceEvent, desired: &mut DesiredState, m: &Metrics) -> Vec<ServiceName> {
     let change = match ev {
-        SourceEvent::Synced => return,
+        SourceEvent::Synced => return Vec::new(),
         SourceEvent::Rejected { origin, error } => {
             m.input_error(error.reason());
             tracing::warn!(%origin, reason = error.reason(), %error, "input rejected");
-            return;
+            return Vec::new();
         }
         SourceEvent::Delete(r) => match r.kind {
             Kind::Service => Change::Service(ServiceName(r.key), None),
@@ -227,7 +246,7 @@ fn handle(ev: SourceEvent, desired: &mut DesiredState, dp: &mut dyn Dataplane, m
             Err(error) => {
                 m.input_error("invalid");
                 tracing::warn!(service = %key_of(&svc.metadata), %error, "service rejected; its programmed state is kept");
-                return;
+                return Vec::new();
             }
         },
         SourceEvent::Apply(Resource::EndpointSlice(slice)) => match SliceSpec::from_k8s(&slice) {
@@ -242,23 +261,16 @@ fn handle(ev: SourceEvent, desired: &mut DesiredState, dp: &mut dyn Dataplane, m
             Err(error) => {
                 m.input_error("invalid");
                 tracing::warn!(slice = %key_of(&slice.metadata), %error, "endpoint slice rejected; its programmed state is kept");
-                return;
+                return Vec::new();
             }
         },
     };
     match desired.apply(change) {
-        Ok(affected) => {
-            for svc in affected {
-                let frontends = desired.frontends(&svc);
-                for e in dp.update(&svc, &frontends) {
-                    m.error(e.kind());
-                    tracing::error!(service = %svc, error = %e, "service not fully programmed");
-                }
-            }
-        }
+        Ok(affected) => affected,
         Err(rejection) => {
             m.input_error("duplicate");
             tracing::warn!(error = %rejection, "change rejected");
+            Vec::new()
         }
     }
 }

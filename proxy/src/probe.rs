@@ -13,6 +13,8 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Serialize)]
 pub struct Attempt {
     pub ok: bool,
+    /// Milliseconds since the probe started.
+    pub at_ms: u64,
     /// The body of the HTTP reply, or the UDP reply.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reply: Option<String>,
@@ -25,10 +27,11 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    fn from_result(r: io::Result<(String, SocketAddr)>) -> Self {
+    fn from_result(r: io::Result<(String, SocketAddr)>, at_ms: u64) -> Self {
         match r {
             Ok((reply, peer)) => Attempt {
                 ok: true,
+                at_ms,
                 reply: Some(reply),
                 peer: Some(peer.to_string()),
                 error: None,
@@ -36,6 +39,7 @@ impl Attempt {
             },
             Err(e) => Attempt {
                 ok: false,
+                at_ms,
                 reply: None,
                 peer: None,
                 errno: e.raw_os_error(),
@@ -100,6 +104,7 @@ pub fn run(
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
     }
+    let started = std::time::Instant::now();
     let (mut ok, mut failed) = (0, 0);
     let mut i = 0;
     loop {
@@ -111,10 +116,13 @@ pub fn run(
             break;
         }
         i += 1;
-        let attempt = Attempt::from_result(match proto {
-            Protocol::Http => http_once(addr),
-            Protocol::Udp => udp_once(addr, b"probe"),
-        });
+        let attempt = Attempt::from_result(
+            match proto {
+                Protocol::Http => http_once(addr),
+                Protocol::Udp => udp_once(addr, b"probe"),
+            },
+            started.elapsed().as_millis() as u64,
+        );
         if attempt.ok {
             ok += 1;
         } else {

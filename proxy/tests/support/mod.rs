@@ -1,0 +1,503 @@
+//! Fixtures for the proxy's integration tests: a world of the test's own (network
+//! namespace with a local route for a leased VIP range, a child cgroup, a private bpffs, a
+//! manifests directory), real HTTP and UDP backends inside the namespace, the real proxy
+//! binary in either mode, and clients (`proxy probe`, curl) started inside the namespace
+//! and the cgroup. Everything is torn down on Drop.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use serde::Deserialize;
+use skiff_tests::cgroup::Cgroup;
+use skiff_tests::netns::NetNs;
+use skiff_tests::subnet::{self, SubnetLease};
+use skiff_tests::wait_until;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const PROXY: &str = env!("CARGO_BIN_EXE_proxy");
+pub const WAIT: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Ebpf,
+    Iptables,
+}
+
+/// A private bpffs mount in a temporary directory; unmounting drops every pin in it.
+pub struct BpfFs {
+    dir: tempfile::TempDir,
+}
+
+impl BpfFs {
+    fn new() -> BpfFs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        skiff_tests::netns::must(
+            Command::new("mount")
+                .args(["-t", "bpf", "bpf"])
+                .arg(dir.path()),
+        );
+        BpfFs { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).output();
+    }
+}
+
+/// The test's world. Field order is drop order: the proxy stops first, the namespace goes
+/// last.
+pub struct World {
+    pub mode: Mode,
+    proxy: Option<Proxy>,
+    pub cg: Cgroup,
+    pub bpffs: BpfFs,
+    pub manifests: tempfile::TempDir,
+    pub ns: NetNs,
+    lease: SubnetLease,
+    extra_args: Vec<String>,
+}
+
+impl World {
+    pub fn new(mode: Mode) -> World {
+        let lease = subnet::lease();
+        let ns = NetNs::new("px");
+        // Service addresses are local in the namespace: a connect the proxy did not
+        // translate is refused at once instead of going anywhere.
+        ns.ip(&["route", "add", "local", lease.cidr(), "dev", "lo"]);
+        let v6 = format!("fd00:5c1f:{}::/112", lease.octet());
+        ns.ip(&["-6", "route", "add", "local", &v6, "dev", "lo"]);
+        World {
+            mode,
+            proxy: None,
+            cg: Cgroup::new("px"),
+            bpffs: BpfFs::new(),
+            manifests: tempfile::tempdir().expect("tempdir"),
+            ns,
+            lease,
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// A service address in this test's own range.
+    pub fn vip(&self, host: u8) -> IpAddr {
+        format!("10.250.{}.{host}", self.lease.octet())
+            .parse()
+            .unwrap()
+    }
+
+    pub fn vip6(&self, host: u16) -> IpAddr {
+        format!("fd00:5c1f:{}::{host:x}", self.lease.octet())
+            .parse()
+            .unwrap()
+    }
+
+    /// An IPv6 backend address, added to the namespace's loopback.
+    pub fn backend6(&self, host: u16) -> IpAddr {
+        let ip = format!("fd00:5c1f:{}:1::{host:x}", self.lease.octet());
+        self.ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip}/128"),
+            "dev",
+            "lo",
+            "nodad",
+        ]);
+        ip.parse().unwrap()
+    }
+
+    pub fn with_args(mut self, args: &[&str]) -> World {
+        self.extra_args = args.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Writes a manifest atomically (a hidden temp file renamed into place).
+    pub fn write(&self, file: &str, text: &str) {
+        let tmp = self.manifests.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.manifests.path().join(file)).unwrap();
+    }
+
+    pub fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests.path().join(file)).unwrap();
+    }
+
+    pub fn start(&mut self) -> &Proxy {
+        self.start_within(WAIT)
+    }
+
+    /// Starts the proxy and waits up to `timeout` for its initial sync.
+    pub fn start_within(&mut self, timeout: Duration) -> &Proxy {
+        assert!(self.proxy.is_none(), "proxy already running");
+        let mode = match self.mode {
+            Mode::Ebpf => "ebpf",
+            Mode::Iptables => "iptables",
+        };
+        let mut cmd = match self.mode {
+            Mode::Ebpf => Command::new(PROXY),
+            // iptables rules are per namespace: the proxy runs inside the test's.
+            Mode::Iptables => self.ns.command(PROXY),
+        };
+        cmd.args([
+            "run",
+            "--mode",
+            mode,
+            "--metrics",
+            "127.0.0.1:0",
+            "--manifests",
+        ])
+        .arg(self.manifests.path())
+        .arg("--cgroup")
+        .arg(self.cg.path())
+        .arg("--bpffs")
+        .arg(self.bpffs.path())
+        .args(["--max-revnat", "4096", "--max-affinity", "4096"])
+        .args(&self.extra_args);
+        let proxy = Proxy::spawn(cmd);
+        self.proxy = Some(proxy);
+        let p = self.proxy.as_ref().unwrap();
+        wait_until("proxy healthy", timeout, || {
+            let r = self.http_get(p.metrics, "/healthz");
+            match r {
+                Some((200, _)) => Ok(()),
+                other => Err((other, p.logs())),
+            }
+        });
+        p
+    }
+
+    /// SIGTERM and wait; the proxy must exit cleanly.
+    pub fn stop(&mut self) {
+        let mut p = self.proxy.take().expect("proxy running");
+        let status = p.terminate();
+        assert!(
+            status.success(),
+            "proxy exited with {status}; logs:\n{}",
+            p.logs().join("\n")
+        );
+    }
+
+    pub fn proxy(&self) -> &Proxy {
+        self.proxy.as_ref().expect("proxy running")
+    }
+
+    /// GET on the proxy's metrics endpoint (inside the namespace in iptables mode).
+    pub fn http_get(&self, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+        let get = move || -> Option<(u16, String)> {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+            write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).ok()?;
+            let code = text.split_whitespace().nth(1)?.parse().ok()?;
+            Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
+        };
+        match self.mode {
+            Mode::Ebpf => get(),
+            Mode::Iptables => self.ns.run(get),
+        }
+    }
+
+    pub fn metrics(&self) -> String {
+        self.http_get(self.proxy().metrics, "/metrics")
+            .expect("metrics endpoint answers")
+            .1
+    }
+
+    /// The value of one sample line of the metrics, e.g.
+    /// `skiff_proxy_input_errors_total{reason="duplicate"}`.
+    pub fn metric(&self, sample: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// A client command inside the namespace and the cgroup.
+    pub fn client(&self, program: &str) -> Command {
+        let mut cmd = self.ns.command(program);
+        self.cg.enter_before_exec(&mut cmd);
+        cmd
+    }
+
+    /// `proxy probe` from a client's place.
+    pub fn probe(&self, proto: &str, addr: SocketAddr, count: u32) -> Vec<Attempt> {
+        let out = self
+            .client(PROXY)
+            .args(["probe", proto])
+            .arg(addr.to_string())
+            .args(["--count", &count.to_string()])
+            .output()
+            .expect("running proxy probe");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
+    /// One HTTP probe: Ok(backend name) or Err(errno).
+    pub fn ask(&self, addr: SocketAddr) -> Result<String, Option<i32>> {
+        let a = self.probe("http", addr, 1).pop().expect("one attempt");
+        if a.ok {
+            Ok(a.reply.unwrap_or_default())
+        } else {
+            Err(a.errno)
+        }
+    }
+
+    pub fn http_backend(&self, ip: IpAddr, port: u16, name: &str) -> Backend {
+        Backend::http(&self.ns, SocketAddr::new(ip, port), name)
+    }
+
+    pub fn udp_backend(&self, ip: IpAddr, port: u16, name: &str) -> Backend {
+        Backend::udp(&self.ns, SocketAddr::new(ip, port), name)
+    }
+}
+
+/// One attempt printed by `proxy probe`.
+#[derive(Debug, Deserialize)]
+pub struct Attempt {
+    pub ok: bool,
+    pub reply: Option<String>,
+    pub peer: Option<String>,
+    pub error: Option<String>,
+    pub errno: Option<i32>,
+}
+
+/// The proxy process, its logs collected from stderr.
+pub struct Proxy {
+    child: Child,
+    logs: Arc<Mutex<Vec<String>>>,
+    pub metrics: SocketAddr,
+}
+
+impl Proxy {
+    fn spawn(mut cmd: Command) -> Proxy {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env("RUST_LOG", "info");
+        let mut child = cmd.spawn().expect("starting the proxy");
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line
+                    .contains("metrics and /healthz listening")
+                    .then(|| line.split("addr=").nth(1))
+                    .flatten()
+                {
+                    let _ = tx.send(addr.trim().to_string());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let metrics = match rx.recv_timeout(WAIT) {
+            Ok(a) => a.parse().expect("metrics address"),
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!(
+                    "proxy did not start ({status:?}); logs:\n{}",
+                    logs.lock().unwrap().join("\n")
+                );
+            }
+        };
+        Proxy {
+            child,
+            logs,
+            metrics,
+        }
+    }
+
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    pub fn has_log(&self, needle: &str) -> bool {
+        self.logs.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let pid = self.child.id();
+        wait_until("proxy exits after SIGTERM", WAIT, || {
+            match self.child.try_wait() {
+                Ok(Some(status)) => Ok(status),
+                Ok(None) => Err(format!("pid {pid} still running")),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A real server inside the namespace: HTTP (answers every request with its name) or UDP
+/// (answers every datagram with its name). Counts what it served; stops on Drop.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub served: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    wake: Box<dyn Fn() + Send>,
+}
+
+impl Backend {
+    pub fn http(ns: &NetNs, addr: SocketAddr, name: &str) -> Backend {
+        let listener = ns.run(|| TcpListener::bind(addr)).expect("binding backend");
+        let served = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st, name) = (served.clone(), stop.clone(), name.to_string());
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                s.fetch_add(1, Ordering::Relaxed);
+                let _ = write!(
+                    conn,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
+                    name.len()
+                );
+            }
+        });
+        let ns_file = ns.name().to_string();
+        let wake = Box::new(move || {
+            // A connection from inside the namespace unblocks accept().
+            let f = std::fs::File::open(format!("/run/netns/{ns_file}"));
+            if let Ok(f) = f {
+                use std::os::fd::AsRawFd;
+                let fd = f.as_raw_fd();
+                std::thread::scope(|sc| {
+                    sc.spawn(move || {
+                        // SAFETY: this short-lived thread only.
+                        if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } == 0 {
+                            let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
+                        }
+                    });
+                });
+            }
+        });
+        Backend {
+            addr,
+            served,
+            stop,
+            thread: Some(thread),
+            wake,
+        }
+    }
+
+    pub fn udp(ns: &NetNs, addr: SocketAddr, name: &str) -> Backend {
+        let sock = ns.run(|| UdpSocket::bind(addr)).expect("binding backend");
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let served = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st, name) = (served.clone(), stop.clone(), name.to_string());
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !st.load(Ordering::Relaxed) {
+                if let Ok((_, from)) = sock.recv_from(&mut buf) {
+                    s.fetch_add(1, Ordering::Relaxed);
+                    let _ = sock.send_to(name.as_bytes(), from);
+                }
+            }
+        });
+        Backend {
+            addr,
+            served,
+            stop,
+            thread: Some(thread),
+            wake: Box::new(|| {}),
+        }
+    }
+
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        (self.wake)();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A Service manifest.
+pub fn service(name: &str, ips: &[IpAddr], ports: &[(&str, u16, &str)], extra: &str) -> String {
+    let ips: Vec<String> = ips.iter().map(|i| format!("\"{i}\"")).collect();
+    let ports: Vec<String> = ports
+        .iter()
+        .map(|(n, p, proto)| format!("{{name: \"{n}\", port: {p}, protocol: {proto}}}"))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {}\n  clusterIPs: [{}]\n  ports: [{}]\n{extra}",
+        ips[0],
+        ips.join(", "),
+        ports.join(", ")
+    )
+}
+
+/// An EndpointSlice manifest (all endpoints ready unless listed in `not_ready`).
+pub fn slice(
+    name: &str,
+    service: &str,
+    family: &str,
+    ports: &[(&str, u16, &str)],
+    ready: &[IpAddr],
+    not_ready: &[IpAddr],
+) -> String {
+    let ports: Vec<String> = ports
+        .iter()
+        .map(|(n, p, proto)| format!("{{name: \"{n}\", port: {p}, protocol: {proto}}}"))
+        .collect();
+    let mut eps: Vec<String> = ready
+        .iter()
+        .map(|i| format!("{{addresses: [\"{i}\"], conditions: {{ready: true}}}}"))
+        .collect();
+    eps.extend(
+        not_ready
+            .iter()
+            .map(|i| format!("{{addresses: [\"{i}\"], conditions: {{ready: false}}}}")),
+    );
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: {family}\nports: [{}]\nendpoints: [{}]\n",
+        ports.join(", "),
+        eps.join(", ")
+    )
+}
