@@ -1,4 +1,6 @@
 //! control-plane: the API server with its store, the controllers and the scheduler, as a
 //! library; the binary in main.rs is a thin shell over it.
 
+pub mod apiserver;
 pub mod machinery;
+pub mod store;

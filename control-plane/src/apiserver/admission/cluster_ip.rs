@@ -1,0 +1,190 @@
+//! ClusterIP allocation from the service CIDR: a bitmap of the range, random first choice with
+//! linear probing (as Kubernetes' allocator does), the network, broadcast and first addresses
+//! reserved (the first is the `kubernetes` service's address by convention).
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+/// An IPv4 CIDR such as `10.96.0.0/12`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    base: u32,
+    prefix: u8,
+}
+
+impl Cidr {
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        self.offset(ip).is_some()
+    }
+
+    fn size(&self) -> u64 {
+        1u64 << (32 - self.prefix)
+    }
+
+    fn offset(&self, ip: Ipv4Addr) -> Option<usize> {
+        let v = u32::from(ip);
+        let off = v.wrapping_sub(self.base) as u64;
+        (v >= self.base && off < self.size()).then_some(off as usize)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (ip, prefix) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not a CIDR (a.b.c.d/n)"))?;
+        let ip: Ipv4Addr = ip.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        let prefix: u8 = prefix.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        if !(8..=30).contains(&prefix) {
+            return Err(format!("{s:?}: the prefix length must be 8 to 30"));
+        }
+        let mask = u32::MAX << (32 - prefix);
+        Ok(Cidr {
+            base: u32::from(ip) & mask,
+            prefix,
+        })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", Ipv4Addr::from(self.base), self.prefix)
+    }
+}
+
+/// Why an address cannot be had.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IpError {
+    #[error("provided IP is not in the valid range. The range of valid IPs is {0}")]
+    OutOfRange(Cidr),
+    #[error("provided IP is already allocated")]
+    Allocated,
+    #[error("range is full")]
+    Full,
+}
+
+/// The allocated addresses of one CIDR.
+pub struct IpAllocator {
+    cidr: Cidr,
+    used: Vec<u64>,
+    count: usize,
+}
+
+impl IpAllocator {
+    pub fn new(cidr: Cidr) -> IpAllocator {
+        let size = cidr.size() as usize;
+        let mut a = IpAllocator {
+            cidr,
+            used: vec![0; size.div_ceil(64)],
+            count: 0,
+        };
+        // network, first (kubernetes service) and broadcast addresses
+        for off in [0, 1, size - 1] {
+            a.set(off);
+        }
+        a.count = 0;
+        a
+    }
+
+    pub fn cidr(&self) -> Cidr {
+        self.cidr
+    }
+
+    /// Addresses handed out.
+    pub fn allocated(&self) -> usize {
+        self.count
+    }
+
+    fn is_set(&self, off: usize) -> bool {
+        self.used[off / 64] & (1 << (off % 64)) != 0
+    }
+
+    fn set(&mut self, off: usize) {
+        self.used[off / 64] |= 1 << (off % 64);
+        self.count += 1;
+    }
+
+    /// Marks a specific address as used.
+    pub fn allocate(&mut self, ip: Ipv4Addr) -> Result<(), IpError> {
+        let off = self.cidr.offset(ip).ok_or(IpError::OutOfRange(self.cidr))?;
+        if self.is_set(off) {
+            return Err(IpError::Allocated);
+        }
+        self.set(off);
+        Ok(())
+    }
+
+    /// Whether `ip` could be allocated now.
+    pub fn check(&self, ip: Ipv4Addr) -> Result<(), IpError> {
+        let off = self.cidr.offset(ip).ok_or(IpError::OutOfRange(self.cidr))?;
+        if self.is_set(off) {
+            return Err(IpError::Allocated);
+        }
+        Ok(())
+    }
+
+    /// Any free address.
+    pub fn allocate_next(&mut self) -> Result<Ipv4Addr, IpError> {
+        let size = self.cidr.size() as usize;
+        let start = rand::random_range(0..size);
+        for i in 0..size {
+            let off = (start + i) % size;
+            if !self.is_set(off) {
+                self.set(off);
+                return Ok(Ipv4Addr::from(self.cidr.base + off as u32));
+            }
+        }
+        Err(IpError::Full)
+    }
+
+    pub fn release(&mut self, ip: Ipv4Addr) {
+        if let Some(off) = self.cidr.offset(ip) {
+            let size = self.cidr.size() as usize;
+            if [0, 1, size - 1].contains(&off) || !self.is_set(off) {
+                return;
+            }
+            self.used[off / 64] &= !(1 << (off % 64));
+            self.count -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocates_without_duplicates_until_full() {
+        let mut a = IpAllocator::new("10.0.0.0/29".parse().unwrap());
+        let mut got: Vec<Ipv4Addr> = (0..5).map(|_| a.allocate_next().unwrap()).collect();
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 5);
+        assert!(!got.contains(&"10.0.0.0".parse().unwrap()));
+        assert!(!got.contains(&"10.0.0.1".parse().unwrap()));
+        assert!(!got.contains(&"10.0.0.7".parse().unwrap()));
+        assert_eq!(a.allocate_next(), Err(IpError::Full));
+        a.release(got[2]);
+        assert_eq!(a.allocate_next(), Ok(got[2]));
+        assert_eq!(a.allocated(), 5);
+    }
+
+    #[test]
+    fn requested_addresses() {
+        let mut a = IpAllocator::new("10.96.0.0/12".parse().unwrap());
+        let ip: Ipv4Addr = "10.100.1.2".parse().unwrap();
+        a.allocate(ip).unwrap();
+        assert_eq!(a.allocate(ip), Err(IpError::Allocated));
+        assert!(matches!(
+            a.allocate("10.112.0.1".parse().unwrap()),
+            Err(IpError::OutOfRange(_))
+        ));
+        a.release(ip);
+        a.allocate(ip).unwrap();
+        assert_eq!(a.cidr().to_string(), "10.96.0.0/12");
+        assert!("10.96.0.0/33".parse::<Cidr>().is_err());
+        assert!("10.96.0.0".parse::<Cidr>().is_err());
+    }
+}

@@ -1,0 +1,399 @@
+//! Admission that needs server state: ClusterIP and NodePort allocation for Services (derived
+//! from the stored Services on start, released on delete). Stateless defaulting and validation
+//! come from the machinery (see `rules`); NamespaceLifecycle is in the write handlers, which
+//! have the namespaces at hand.
+
+pub mod cluster_ip;
+pub mod node_port;
+
+use std::net::Ipv4Addr;
+use std::ops::RangeInclusive;
+use std::sync::Mutex;
+
+use serde_json::{json, Value};
+
+use self::cluster_ip::{Cidr, IpAllocator};
+use self::node_port::PortAllocator;
+use super::registry::Resource;
+use crate::machinery::{ApiError, FieldError};
+
+/// Addresses and ports taken or freed by one write, settled once the write is (or is not)
+/// committed.
+#[derive(Debug, Default)]
+#[must_use]
+pub struct Allocation {
+    taken_ips: Vec<Ipv4Addr>,
+    taken_ports: Vec<u16>,
+    freed_ips: Vec<Ipv4Addr>,
+    freed_ports: Vec<u16>,
+}
+
+pub struct Admission {
+    ips: Mutex<IpAllocator>,
+    ports: Mutex<PortAllocator>,
+}
+
+fn is_service(r: &Resource) -> bool {
+    r.group.is_empty() && r.kind == "Service"
+}
+
+fn service_ips(svc: &Value) -> Vec<Ipv4Addr> {
+    let mut out: Vec<Ipv4Addr> = svc
+        .pointer("/spec/clusterIPs")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    if let Some(ip) = svc
+        .pointer("/spec/clusterIP")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+    {
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
+fn node_ports(svc: &Value) -> Vec<u16> {
+    ports(svc)
+        .iter()
+        .filter_map(|p| p.get("nodePort")?.as_u64())
+        .filter_map(|p| u16::try_from(p).ok())
+        .filter(|p| *p != 0)
+        .collect()
+}
+
+fn ports(svc: &Value) -> Vec<Value> {
+    svc.pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn svc_type(svc: &Value) -> &str {
+    svc.pointer("/spec/type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP")
+}
+
+fn wants_node_ports(svc: &Value) -> bool {
+    matches!(svc_type(svc), "NodePort" | "LoadBalancer")
+}
+
+impl Admission {
+    pub fn new(service_cidr: Cidr, node_ports: RangeInclusive<u16>) -> Admission {
+        Admission {
+            ips: Mutex::new(IpAllocator::new(service_cidr)),
+            ports: Mutex::new(PortAllocator::new(node_ports)),
+        }
+    }
+
+    fn ips(&self) -> std::sync::MutexGuard<'_, IpAllocator> {
+        self.ips.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ports(&self) -> std::sync::MutexGuard<'_, PortAllocator> {
+        self.ports.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks what the stored Services hold as taken (on start).
+    pub fn restore(&self, services: impl Iterator<Item = Value>) {
+        let mut n = 0;
+        for svc in services {
+            for ip in service_ips(&svc) {
+                let _ = self.ips().allocate(ip);
+            }
+            for p in node_ports(&svc) {
+                let _ = self.ports().allocate(p);
+            }
+            n += 1;
+        }
+        tracing::info!(
+            services = n,
+            cluster_ips = self.ips().allocated(),
+            "allocations restored"
+        );
+    }
+
+    /// Fills in a new Service's ClusterIP and NodePorts. With `dry_run` nothing is taken.
+    pub fn admit_create(
+        &self,
+        r: &Resource,
+        obj: &mut Value,
+        dry_run: bool,
+    ) -> Result<Allocation, ApiError> {
+        let mut a = Allocation::default();
+        if !is_service(r) {
+            return Ok(a);
+        }
+        let result = self
+            .assign_ip(obj, None, dry_run, &mut a)
+            .and_then(|_| self.assign_ports(obj, None, dry_run, &mut a));
+        if let Err(e) = result {
+            self.rollback(a);
+            return Err(e);
+        }
+        Ok(a)
+    }
+
+    /// Keeps an updated Service's allocations (a client may omit them), allocating what a
+    /// type change newly needs and freeing what it no longer does.
+    pub fn admit_update(
+        &self,
+        r: &Resource,
+        new: &mut Value,
+        old: &Value,
+        dry_run: bool,
+    ) -> Result<Allocation, ApiError> {
+        let mut a = Allocation::default();
+        if !is_service(r) {
+            return Ok(a);
+        }
+        let result = self
+            .assign_ip(new, Some(old), dry_run, &mut a)
+            .and_then(|_| self.assign_ports(new, Some(old), dry_run, &mut a));
+        if let Err(e) = result {
+            self.rollback(a);
+            return Err(e);
+        }
+        Ok(a)
+    }
+
+    fn assign_ip(
+        &self,
+        svc: &mut Value,
+        old: Option<&Value>,
+        dry_run: bool,
+        a: &mut Allocation,
+    ) -> Result<(), ApiError> {
+        let name = super::meta::name(svc).unwrap_or_default().to_string();
+        let invalid = |why: String, value: &str| {
+            ApiError::invalid(
+                "",
+                "Service",
+                &name,
+                vec![FieldError::invalid("spec.clusterIPs", value, &why)],
+            )
+        };
+        let old_ips = old.map(service_ips).unwrap_or_default();
+        let requested = svc
+            .pointer("/spec/clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let external_name = svc_type(svc) == "ExternalName";
+        if external_name || requested == "None" {
+            a.freed_ips.extend(old_ips);
+            return Ok(());
+        }
+        if requested.is_empty() {
+            if let Some(ip) = old_ips.first() {
+                set_ip(svc, &ip.to_string());
+                return Ok(());
+            }
+            if dry_run {
+                return Ok(());
+            }
+            let ip = self
+                .ips()
+                .allocate_next()
+                .map_err(|e| ApiError::internal(format!("failed to allocate a serviceIP: {e}")))?;
+            a.taken_ips.push(ip);
+            set_ip(svc, &ip.to_string());
+            return Ok(());
+        }
+        let ip: Ipv4Addr = requested
+            .parse()
+            .map_err(|_| invalid("must be a valid IP address".into(), &requested))?;
+        if old_ips.contains(&ip) {
+            set_ip(svc, &requested);
+            return Ok(());
+        }
+        // A changed address is refused by validation (immutable); here only availability.
+        let r = if dry_run {
+            self.ips().check(ip)
+        } else {
+            self.ips().allocate(ip)
+        };
+        r.map_err(|e| invalid(e.to_string(), &requested))?;
+        if !dry_run {
+            a.taken_ips.push(ip);
+        }
+        a.freed_ips.extend(old_ips);
+        set_ip(svc, &requested);
+        Ok(())
+    }
+
+    fn assign_ports(
+        &self,
+        svc: &mut Value,
+        old: Option<&Value>,
+        dry_run: bool,
+        a: &mut Allocation,
+    ) -> Result<(), ApiError> {
+        let old_ports = old.map(node_ports).unwrap_or_default();
+        if !wants_node_ports(svc) {
+            a.freed_ports.extend(old_ports);
+            return Ok(());
+        }
+        let name = super::meta::name(svc).unwrap_or_default().to_string();
+        let old_list = old.map(ports).unwrap_or_default();
+        let mut list = ports(svc);
+        let mut kept = Vec::new();
+        for (i, p) in list.iter_mut().enumerate() {
+            let requested = p.get("nodePort").and_then(Value::as_u64).unwrap_or(0);
+            if requested == 0 {
+                // Keep the port the same service port had.
+                let same = old_list.iter().find(|o| {
+                    o.get("port") == p.get("port")
+                        && o.get("protocol").and_then(Value::as_str).unwrap_or("TCP")
+                            == p.get("protocol").and_then(Value::as_str).unwrap_or("TCP")
+                });
+                if let Some(np) = same.and_then(|o| o.get("nodePort")).and_then(Value::as_u64) {
+                    p["nodePort"] = json!(np);
+                    kept.push(np as u16);
+                    continue;
+                }
+                if dry_run {
+                    continue;
+                }
+                let np = self.ports().allocate_next().map_err(|e| {
+                    ApiError::internal(format!("failed to allocate a nodePort: {e}"))
+                })?;
+                a.taken_ports.push(np);
+                p["nodePort"] = json!(np);
+                continue;
+            }
+            let port = u16::try_from(requested).unwrap_or(0);
+            if old_ports.contains(&port) {
+                kept.push(port);
+                continue;
+            }
+            let r = if dry_run {
+                self.ports().check(port)
+            } else {
+                self.ports().allocate(port)
+            };
+            r.map_err(|e| {
+                ApiError::invalid(
+                    "",
+                    "Service",
+                    &name,
+                    vec![FieldError::invalid(
+                        format!("spec.ports[{i}].nodePort"),
+                        requested,
+                        &e.to_string(),
+                    )],
+                )
+            })?;
+            if !dry_run {
+                a.taken_ports.push(port);
+            }
+        }
+        a.freed_ports
+            .extend(old_ports.into_iter().filter(|p| !kept.contains(p)));
+        if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("ports".into(), Value::Array(list));
+        }
+        Ok(())
+    }
+
+    /// The write was committed: free what it gave up.
+    pub fn commit(&self, a: Allocation) {
+        for ip in a.freed_ips {
+            self.ips().release(ip);
+        }
+        for p in a.freed_ports {
+            self.ports().release(p);
+        }
+    }
+
+    /// The write failed: give back what it took.
+    pub fn rollback(&self, a: Allocation) {
+        for ip in a.taken_ips {
+            self.ips().release(ip);
+        }
+        for p in a.taken_ports {
+            self.ports().release(p);
+        }
+    }
+
+    /// An object was removed from the store.
+    pub fn deleted(&self, r: &Resource, obj: &Value) {
+        if is_service(r) {
+            self.commit(Allocation {
+                freed_ips: service_ips(obj),
+                freed_ports: node_ports(obj),
+                ..Default::default()
+            });
+        }
+    }
+}
+
+fn set_ip(svc: &mut Value, ip: &str) {
+    if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.insert("clusterIP".into(), json!(ip));
+        spec.insert("clusterIPs".into(), json!([ip]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::registry::find;
+
+    fn admission() -> Admission {
+        Admission::new("10.96.0.0/29".parse().unwrap(), 30000..=30001)
+    }
+
+    fn svc(ty: &str, ip: &str, node_port: u64) -> Value {
+        json!({"metadata":{"name":"s"},"spec":{"type":ty,"clusterIP":ip,
+            "ports":[{"port":80,"protocol":"TCP","nodePort":node_port}]}})
+    }
+
+    #[test]
+    fn service_gets_ip_and_node_port_and_gives_them_back() {
+        let a = admission();
+        let r = find("", "v1", "services").unwrap();
+        let mut s = svc("NodePort", "", 0);
+        let alloc = a.admit_create(r, &mut s, false).unwrap();
+        a.commit(alloc);
+        let ip = s["spec"]["clusterIP"].as_str().unwrap().to_string();
+        assert!(ip.starts_with("10.96.0."));
+        assert_eq!(s["spec"]["clusterIPs"][0], ip.as_str());
+        let np = s["spec"]["ports"][0]["nodePort"].as_u64().unwrap();
+        // the same IP or port again is refused
+        let mut again = svc("NodePort", &ip, np);
+        let e = a.admit_create(r, &mut again, false).unwrap_err();
+        assert_eq!(e.code, 422);
+        assert!(e.message.contains("already allocated"), "{}", e.message);
+        // an update that omits them keeps them
+        let mut upd = svc("NodePort", "", 0);
+        a.commit(a.admit_update(r, &mut upd, &s, false).unwrap());
+        assert_eq!(upd["spec"]["clusterIP"], ip.as_str());
+        assert_eq!(upd["spec"]["ports"][0]["nodePort"], np);
+        a.deleted(r, &upd);
+        let mut again = svc("NodePort", &ip, np);
+        a.commit(a.admit_create(r, &mut again, false).unwrap());
+    }
+
+    #[test]
+    fn failed_writes_roll_back_and_dry_runs_take_nothing() {
+        let a = admission();
+        let r = find("", "v1", "services").unwrap();
+        let mut s = svc("ClusterIP", "10.96.0.2", 0);
+        a.commit(a.admit_create(r, &mut s, true).unwrap());
+        let mut s = svc("ClusterIP", "10.96.0.2", 0);
+        let alloc = a.admit_create(r, &mut s, false).unwrap();
+        a.rollback(alloc);
+        let mut s = svc("ClusterIP", "10.96.0.2", 0);
+        a.commit(a.admit_create(r, &mut s, false).unwrap());
+        let mut out = svc("ClusterIP", "10.97.0.2", 0);
+        let e = a.admit_create(r, &mut out, false).unwrap_err();
+        assert!(e.message.contains("valid range"), "{}", e.message);
+        let mut headless = svc("ClusterIP", "None", 0);
+        a.commit(a.admit_create(r, &mut headless, false).unwrap());
+        assert_eq!(headless["spec"]["clusterIP"], "None");
+    }
+}

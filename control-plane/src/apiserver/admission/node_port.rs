@@ -1,0 +1,89 @@
+//! NodePort allocation from the node port range (default 30000-32767).
+
+use std::ops::RangeInclusive;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    #[error("provided port is not in the valid range. The range of valid ports is {0}-{1}")]
+    OutOfRange(u16, u16),
+    #[error("provided port is already allocated")]
+    Allocated,
+    #[error("range is full")]
+    Full,
+}
+
+pub struct PortAllocator {
+    range: RangeInclusive<u16>,
+    used: Vec<bool>,
+}
+
+impl PortAllocator {
+    pub fn new(range: RangeInclusive<u16>) -> PortAllocator {
+        let n = range.clone().count();
+        PortAllocator {
+            range,
+            used: vec![false; n],
+        }
+    }
+
+    fn slot(&self, port: u16) -> Result<usize, PortError> {
+        if !self.range.contains(&port) {
+            return Err(PortError::OutOfRange(
+                *self.range.start(),
+                *self.range.end(),
+            ));
+        }
+        Ok((port - self.range.start()) as usize)
+    }
+
+    pub fn check(&self, port: u16) -> Result<(), PortError> {
+        if self.used[self.slot(port)?] {
+            return Err(PortError::Allocated);
+        }
+        Ok(())
+    }
+
+    pub fn allocate(&mut self, port: u16) -> Result<(), PortError> {
+        self.check(port)?;
+        let s = self.slot(port)?;
+        self.used[s] = true;
+        Ok(())
+    }
+
+    pub fn allocate_next(&mut self) -> Result<u16, PortError> {
+        let n = self.used.len();
+        let start = rand::random_range(0..n);
+        for i in 0..n {
+            let s = (start + i) % n;
+            if !self.used[s] {
+                self.used[s] = true;
+                return Ok(self.range.start() + s as u16);
+            }
+        }
+        Err(PortError::Full)
+    }
+
+    pub fn release(&mut self, port: u16) {
+        if let Ok(s) = self.slot(port) {
+            self.used[s] = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocates_each_port_once() {
+        let mut a = PortAllocator::new(30000..=30002);
+        let mut got: Vec<u16> = (0..3).map(|_| a.allocate_next().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, vec![30000, 30001, 30002]);
+        assert_eq!(a.allocate_next(), Err(PortError::Full));
+        a.release(30001);
+        assert_eq!(a.allocate(30001), Ok(()));
+        assert_eq!(a.allocate(30001), Err(PortError::Allocated));
+        assert_eq!(a.allocate(80), Err(PortError::OutOfRange(30000, 30002)));
+    }
+}

@@ -1,0 +1,326 @@
+//! What the server tells clients about itself: /version, legacy discovery (APIVersions,
+//! APIGroupList, APIResourceList), aggregated discovery v2 (and v2beta1, for kubectl 1.29) with
+//! its exact content type, and a minimal OpenAPI v3 whose PATCH operations declare the
+//! `fieldValidation` parameter, so kubectl leaves validation to the server.
+
+use http::StatusCode;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    APIGroup, APIGroupList, APIResource, APIResourceList, APIVersions, GroupVersionForDiscovery,
+    ServerAddressByClientCIDR,
+};
+use serde_json::{json, Value};
+
+use super::output::{self, Resp};
+use super::registry::{self, Resource, Scope, Subresource, RESOURCES};
+
+/// The Kubernetes version the API types are (k8s-openapi's v1_33).
+pub const MAJOR: &str = "1";
+pub const MINOR: &str = "33";
+pub const GIT_VERSION: &str = "v1.33.0";
+
+pub fn version() -> Value {
+    json!({
+        "major": MAJOR,
+        "minor": MINOR,
+        "gitVersion": GIT_VERSION,
+        "gitCommit": concat!("skiff-", env!("CARGO_PKG_VERSION")),
+        "gitTreeState": "clean",
+        "buildDate": "2025-01-01T00:00:00Z",
+        "goVersion": "skiff (rust)",
+        "compiler": "rustc",
+        "platform": "linux/amd64",
+    })
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+pub fn core_versions(server_address: &str) -> Value {
+    to_value(&APIVersions {
+        versions: vec!["v1".into()],
+        server_address_by_client_cidrs: vec![ServerAddressByClientCIDR {
+            client_cidr: "0.0.0.0/0".into(),
+            server_address: server_address.into(),
+        }],
+    })
+}
+
+fn api_group(name: &str) -> APIGroup {
+    let gv = GroupVersionForDiscovery {
+        group_version: format!("{name}/v1"),
+        version: "v1".into(),
+    };
+    APIGroup {
+        name: name.into(),
+        preferred_version: Some(gv.clone()),
+        server_address_by_client_cidrs: None,
+        versions: vec![gv],
+    }
+}
+
+pub fn groups() -> Value {
+    to_value(&APIGroupList {
+        groups: registry::groups().into_iter().map(api_group).collect(),
+    })
+}
+
+pub fn group(name: &str) -> Option<Value> {
+    registry::groups()
+        .contains(&name)
+        .then(|| to_value(&api_group(name)))
+}
+
+fn subresource_verbs(s: Subresource) -> Vec<String> {
+    match s {
+        Subresource::Status | Subresource::Scale => {
+            vec!["get".into(), "patch".into(), "update".into()]
+        }
+        Subresource::Binding => vec!["create".into()],
+    }
+}
+
+fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str, &'static str) {
+    match s {
+        Subresource::Scale => ("autoscaling", "v1", "Scale"),
+        Subresource::Binding => ("", "v1", "Binding"),
+        Subresource::Status => (r.group, r.version, r.kind),
+    }
+}
+
+pub fn resource_list(group: &str, version: &str) -> Value {
+    let mut resources = Vec::new();
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        resources.push(APIResource {
+            name: r.plural.into(),
+            singular_name: r.singular.into(),
+            namespaced: r.namespaced(),
+            kind: r.kind.into(),
+            verbs: r.verbs().iter().map(|v| v.to_string()).collect(),
+            short_names: (!r.short_names.is_empty())
+                .then(|| r.short_names.iter().map(|s| s.to_string()).collect()),
+            categories: (!r.categories.is_empty())
+                .then(|| r.categories.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        });
+        for s in r.subresources {
+            let (g, v, k) = subresource_kind(r, *s);
+            resources.push(APIResource {
+                name: format!("{}/{}", r.plural, s.name()),
+                singular_name: String::new(),
+                namespaced: r.namespaced(),
+                kind: k.into(),
+                group: (g != r.group).then(|| g.to_string()),
+                version: (v != r.version || g != r.group).then(|| v.to_string()),
+                verbs: subresource_verbs(*s),
+                ..Default::default()
+            });
+        }
+    }
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    to_value(&APIResourceList {
+        group_version: gv,
+        resources,
+    })
+}
+
+/// The content type of an aggregated discovery answer.
+pub fn aggregated_content_type(version: &str) -> String {
+    format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
+}
+
+/// APIGroupDiscoveryList for `/api` (core) or `/apis` (every named group).
+pub fn aggregated(core: bool, version: &str) -> Value {
+    let names: Vec<&str> = if core { vec![""] } else { registry::groups() };
+    let items: Vec<Value> = names
+        .into_iter()
+        .map(|g| {
+            let resources: Vec<Value> = RESOURCES
+                .iter()
+                .filter(|r| r.group == g)
+                .map(|r| {
+                    let subs: Vec<Value> = r
+                        .subresources
+                        .iter()
+                        .map(|s| {
+                            let (sg, sv, sk) = subresource_kind(r, *s);
+                            json!({
+                                "subresource": s.name(),
+                                "responseKind": {"group": sg, "version": sv, "kind": sk},
+                                "verbs": subresource_verbs(*s),
+                            })
+                        })
+                        .collect();
+                    let mut res = json!({
+                        "resource": r.plural,
+                        "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
+                        "scope": if r.scope == Scope::Namespaced { "Namespaced" } else { "Cluster" },
+                        "singularResource": r.singular,
+                        "verbs": r.verbs(),
+                    });
+                    if !r.short_names.is_empty() {
+                        res["shortNames"] = json!(r.short_names);
+                    }
+                    if !r.categories.is_empty() {
+                        res["categories"] = json!(r.categories);
+                    }
+                    if !subs.is_empty() {
+                        res["subresources"] = json!(subs);
+                    }
+                    res
+                })
+                .collect();
+            json!({
+                "metadata": {"name": g, "creationTimestamp": null},
+                "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}],
+            })
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": format!("apidiscovery.k8s.io/{version}"),
+        "metadata": {},
+        "items": items,
+    })
+}
+
+/// Path of a group-version's OpenAPI document: `api/v1`, `apis/apps/v1`.
+fn openapi_gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
+}
+
+/// `/openapi/v3`: the index of group-version documents.
+pub fn openapi_index() -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut seen = Vec::new();
+    for r in RESOURCES {
+        let p = openapi_gv_path(r.group, r.version);
+        if !seen.contains(&p) {
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", env!("CARGO_PKG_VERSION"))}),
+            );
+            seen.push(p);
+        }
+    }
+    json!({ "paths": paths })
+}
+
+/// `/openapi/v3/<gv>`: each resource's paths with their group-version-kind and the
+/// `fieldValidation` parameter on writes. Schemas are not described.
+pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
+    let mut paths = serde_json::Map::new();
+    let field_validation = json!({
+        "name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true},
+        "description": "Ignore, Warn or Strict: how unknown or duplicate fields are treated",
+    });
+    for r in RESOURCES
+        .iter()
+        .filter(|r| openapi_gv_path(r.group, r.version) == gv_path)
+    {
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let base = if r.namespaced() {
+            format!("/{gv_path}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("/{gv_path}/{}", r.plural)
+        };
+        let op = |action: &str| {
+            json!({
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,
+                "parameters": [field_validation],
+                "responses": {"200": {"description": "OK"}},
+            })
+        };
+        paths.insert(base.clone(), json!({"post": op("post"), "get": op("list")}));
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
+        );
+    }
+    if paths.is_empty() {
+        return None;
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": GIT_VERSION},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }))
+}
+
+/// Answers a discovery document, in aggregated form when the client asked for it.
+pub fn answer(v: &Value) -> Resp {
+    output::ok(v)
+}
+
+pub fn answer_aggregated(v: &Value, version: &str) -> Resp {
+    output::bytes(
+        StatusCode::OK,
+        &aggregated_content_type(version),
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aggregated_lists_pods_with_short_names_and_subresources() {
+        let v = aggregated(true, "v2");
+        let pods = v["items"][0]["versions"][0]["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resource"] == "pods")
+            .unwrap()
+            .clone();
+        assert_eq!(pods["shortNames"], json!(["po"]));
+        assert_eq!(pods["scope"], "Namespaced");
+        assert!(pods["subresources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["subresource"] == "status"));
+        let apis = aggregated(false, "v2");
+        let deploy = &apis["items"][0]["versions"][0]["resources"][0];
+        assert_eq!(deploy["resource"], "deployments");
+        assert_eq!(deploy["subresources"][1]["responseKind"]["kind"], "Scale");
+    }
+
+    #[test]
+    fn legacy_documents_have_kinds() {
+        assert_eq!(groups()["kind"], "APIGroupList");
+        let l = resource_list("apps", "v1");
+        assert_eq!(l["groupVersion"], "apps/v1");
+        assert!(l["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "deployments/scale"));
+        assert!(group("nope").is_none());
+    }
+
+    #[test]
+    fn openapi_declares_field_validation_on_patch() {
+        let idx = openapi_index();
+        assert!(idx["paths"]["apis/apps/v1"]["serverRelativeURL"].is_string());
+        let doc = openapi_group_version("apis/apps/v1").unwrap();
+        let p = &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
+        assert_eq!(p["x-kubernetes-group-version-kind"]["kind"], "Deployment");
+        assert_eq!(p["parameters"][0]["name"], "fieldValidation");
+        assert!(openapi_group_version("apis/nope/v1").is_none());
+    }
+}

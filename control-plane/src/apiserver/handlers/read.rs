@@ -1,0 +1,166 @@
+//! get and list, served from the watch cache at a revision at least as new as the client asks
+//! for (the latest acknowledged write when it names none), as JSON or as a Table.
+
+use std::sync::Arc;
+
+use http::{header, StatusCode};
+use serde_json::{json, Value};
+
+use super::{Call, Ctx};
+use crate::apiserver::negotiate::{self, Output};
+use crate::apiserver::output::{self, Resp};
+use crate::apiserver::request::{ListOptions, ReadAt};
+use crate::apiserver::{meta, rules, table};
+use crate::machinery::ApiError;
+use crate::store::cache::Page;
+use crate::store::Revision;
+
+/// Brings the cache to the revision a read asks for; returns the revision to report.
+pub async fn read_at(ctx: &Ctx, at: ReadAt) -> Result<Revision, ApiError> {
+    match at {
+        ReadAt::Latest => ctx.fresh().await,
+        ReadAt::Any => Ok(ctx.cache.revision()),
+        ReadAt::NotOlderThan(n) => {
+            ctx.at_least(Revision(n)).await?;
+            Ok(ctx.cache.revision())
+        }
+    }
+}
+
+pub async fn get(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
+    let opts = ListOptions::from_query(call.query)?;
+    read_at(ctx, opts.read_at()?).await?;
+    let obj = ctx
+        .resource_cache(call.resource)?
+        .get(&call.key(name))
+        .ok_or_else(|| call.not_found(name))?;
+    match negotiate::output(
+        call.header(header::ACCEPT),
+        call.query.get("includeObject").map(String::as_str),
+    ) {
+        Output::Object => Ok(output::bytes(
+            StatusCode::OK,
+            output::JSON,
+            obj.json.clone(),
+        )),
+        Output::Table(inc) => {
+            let t = table::render(
+                call.resource,
+                std::slice::from_ref(&obj),
+                inc,
+                Some(obj.revision),
+                None,
+            )?;
+            Ok(output::ok(&t))
+        }
+    }
+}
+
+/// The continuation of a paged list: the revision of its first page and the last key sent.
+fn encode_continue(rev: Revision, after: &str) -> String {
+    let raw = serde_json::to_vec(&json!({ "rv": rev.0, "start": after })).unwrap_or_default();
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
+    let bad = || ApiError::bad_request("continue key is not valid: malformed token");
+    if !token.len().is_multiple_of(2) || !token.is_ascii() {
+        return Err(bad());
+    }
+    let raw: Vec<u8> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    match (v["rv"].as_u64(), v["start"].as_str()) {
+        (Some(rv), Some(s)) => Ok((Revision(rv), s.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+pub async fn list(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result<Resp, ApiError> {
+    let r = call.resource;
+    let sel = rules::selection(
+        r,
+        call.namespace(),
+        opts.label_selector.as_deref(),
+        opts.field_selector.as_deref(),
+    )?;
+    let (rev, after) = match &opts.continue_token {
+        Some(t) => {
+            let (rev, after) = decode_continue(t)?;
+            ctx.fresh().await?;
+            (rev, Some(after))
+        }
+        None => (read_at(ctx, opts.read_at()?).await?, None),
+    };
+    let cache = ctx.resource_cache(r)?;
+    let Page {
+        items,
+        revision,
+        continue_after,
+    } = cache.list(
+        &r.namespace_prefix(call.namespace()),
+        &sel.filter,
+        after.as_deref(),
+        opts.limit,
+        rev,
+    );
+    let token = continue_after.map(|k| encode_continue(revision, &k));
+    ctx.metrics.listed(r.plural, items.len());
+    match negotiate::output(
+        call.header(header::ACCEPT),
+        call.query.get("includeObject").map(String::as_str),
+    ) {
+        Output::Object => Ok(output::bytes(
+            StatusCode::OK,
+            output::JSON,
+            output::list_bytes(
+                &r.api_version(),
+                &r.list_kind(),
+                revision,
+                token.as_deref(),
+                items.iter().map(|o| o.json.as_ref()),
+            ),
+        )),
+        Output::Table(inc) => {
+            let t = table::render(r, &items, inc, Some(revision), token.as_deref())?;
+            Ok(output::ok(&t))
+        }
+    }
+}
+
+/// The object at `key` as stored now (for writes), with its resourceVersion.
+pub async fn current(
+    ctx: &Ctx,
+    call: &Call<'_>,
+    name: &str,
+) -> Result<(Value, Revision), ApiError> {
+    let kv = ctx
+        .store
+        .get(&call.key(name))
+        .await
+        .map_err(|e| super::store_error(call.resource, name, e))?
+        .ok_or_else(|| call.not_found(name))?;
+    let mut v = super::parse_stored(&kv.value)?;
+    meta::set_resource_version(&mut v, kv.mod_revision);
+    Ok((v, kv.mod_revision))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continue_tokens_round_trip_and_reject_garbage() {
+        let t = encode_continue(Revision(42), "/core/pods/default/web-1");
+        assert_eq!(
+            decode_continue(&t).unwrap(),
+            (Revision(42), "/core/pods/default/web-1".to_string())
+        );
+        assert_eq!(decode_continue("zz").unwrap_err().code, 400);
+        assert_eq!(decode_continue("abc").unwrap_err().code, 400);
+        assert_eq!(decode_continue("7b7d").unwrap_err().code, 400);
+    }
+}

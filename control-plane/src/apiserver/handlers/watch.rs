@@ -1,0 +1,218 @@
+//! watch: a chunked stream of `{"type":...,"object":...}` lines, one per event, served from
+//! the watch cache. Starts from the current state (synthetic ADDED events; with
+//! sendInitialEvents, followed by the initial-events-end BOOKMARK) or after a resourceVersion
+//! still in the cache's history (410 Expired, as an ERROR event, when it is not). Bookmarks,
+//! timeoutSeconds, label and field selectors, and Table events for `kubectl get -w`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{header, Response, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{Call, Ctx};
+use crate::apiserver::negotiate::{self, Output};
+use crate::apiserver::output::{self, Resp};
+use crate::apiserver::registry::Resource;
+use crate::apiserver::request::{ListOptions, ReadAt};
+use crate::apiserver::{rules, table};
+use crate::machinery::ApiError;
+use crate::store::cache::{CacheError, CacheWatch, WatchEnd, WatchEvent, WatchStart};
+use crate::store::Revision;
+
+/// Lines a watcher's connection may have queued before the watch waits for it.
+const LINES_BUFFERED: usize = 64;
+
+pub async fn watch(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result<Resp, ApiError> {
+    let r = call.resource;
+    let sel = rules::selection(
+        r,
+        call.namespace(),
+        opts.label_selector.as_deref(),
+        opts.field_selector.as_deref(),
+    )?;
+    let start = match opts.read_at()? {
+        ReadAt::Latest => {
+            ctx.fresh().await?;
+            WatchStart::Current
+        }
+        ReadAt::Any => WatchStart::Current,
+        ReadAt::NotOlderThan(n) if opts.send_initial_events => {
+            ctx.at_least(Revision(n)).await?;
+            WatchStart::Current
+        }
+        ReadAt::NotOlderThan(n) => WatchStart::After(Revision(n)),
+    };
+    let out = negotiate::output(
+        call.header(header::ACCEPT),
+        call.query.get("includeObject").map(String::as_str),
+    );
+    let index = sel.index.as_ref().map(|(f, v)| (*f, v.as_str()));
+    let cache = ctx.resource_cache(r)?;
+    let (tx, rx) = mpsc::channel::<Bytes>(LINES_BUFFERED);
+    match cache.watch(
+        &r.namespace_prefix(call.namespace()),
+        start,
+        sel.filter.clone(),
+        index,
+    ) {
+        Ok(w) => {
+            let stream = Stream {
+                ctx: ctx.clone(),
+                resource: r,
+                output: out,
+                bookmarks: opts.allow_bookmarks,
+                initial_events_end: opts.send_initial_events,
+                tx,
+            };
+            ctx.metrics.watch_started(r.plural);
+            let timeout = opts.timeout;
+            tokio::spawn(async move {
+                let plural = stream.resource.plural;
+                let metrics = stream.ctx.metrics.clone();
+                match timeout {
+                    Some(t) => {
+                        let _ = tokio::time::timeout(t, stream.run(w)).await;
+                    }
+                    None => stream.run(w).await,
+                }
+                metrics.watch_ended(plural);
+            });
+        }
+        Err(CacheError::Expired { requested, oldest }) => {
+            let status = output::error(&ApiError::expired(format!(
+                "too old resource version: {requested} ({oldest})"
+            )));
+            let Ok(body) = status.into_body().collect().await;
+            let _ = tx.try_send(line("ERROR", &body.to_bytes()));
+        }
+        Err(e) => return Err(ApiError::internal(e)),
+    }
+    let body =
+        StreamBody::new(ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b))));
+    let mut resp = Response::new(body.boxed_unsync());
+    *resp.status_mut() = StatusCode::OK;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static(output::JSON),
+    );
+    Ok(resp)
+}
+
+/// `{"type":"<kind>","object":<object>}\n`
+fn line(kind: &str, object: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(object.len() + 32);
+    b.extend_from_slice(b"{\"type\":\"");
+    b.extend_from_slice(kind.as_bytes());
+    b.extend_from_slice(b"\",\"object\":");
+    b.extend_from_slice(object);
+    b.extend_from_slice(b"}\n");
+    Bytes::from(b)
+}
+
+struct Stream {
+    ctx: Arc<Ctx>,
+    resource: &'static Resource,
+    output: Output,
+    bookmarks: bool,
+    initial_events_end: bool,
+    tx: mpsc::Sender<Bytes>,
+}
+
+impl Stream {
+    async fn run(self, mut w: CacheWatch) {
+        if self.initial_events_end {
+            // The initial ADDED events are queued already: send them, then the marker.
+            loop {
+                match w.try_next() {
+                    Some(Ok(e)) => {
+                        if !self.send_event(&e).await {
+                            return;
+                        }
+                    }
+                    Some(Err(end)) => return self.end(end).await,
+                    None => break,
+                }
+            }
+            let mut b = self.bookmark(self.ctx.cache.revision());
+            b["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            if !self.send("BOOKMARK", &b).await {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval(self.ctx.bookmark_interval);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                e = w.next() => match e {
+                    Ok(e) => if !self.send_event(&e).await { return },
+                    Err(end) => return self.end(end).await,
+                },
+                _ = tick.tick(), if self.bookmarks => {
+                    // Everything up to the cache's revision must be sent before a bookmark
+                    // says so, or a watch resumed from it could miss events.
+                    let rev = self.ctx.cache.revision();
+                    while let Some(e) = w.try_next() {
+                        match e {
+                            Ok(e) => if !self.send_event(&e).await { return },
+                            Err(end) => return self.end(end).await,
+                        }
+                    }
+                    let b = self.bookmark(rev);
+                    if !self.send("BOOKMARK", &b).await { return }
+                }
+                _ = self.ctx.shutdown.cancelled() => return,
+                _ = self.tx.closed() => return,
+            }
+        }
+    }
+
+    fn bookmark(&self, rev: Revision) -> Value {
+        json!({
+            "kind": self.resource.kind,
+            "apiVersion": self.resource.api_version(),
+            "metadata": {"resourceVersion": rev.to_string()},
+        })
+    }
+
+    async fn end(&self, end: WatchEnd) {
+        if end == WatchEnd::TooSlow {
+            let e = ApiError::expired("the watcher fell behind; relist and watch again");
+            let status = output::error(&e);
+            let Ok(c) = status.into_body().collect().await;
+            let _ = self.tx.send(line("ERROR", &c.to_bytes())).await;
+        }
+    }
+
+    async fn send(&self, kind: &str, v: &Value) -> bool {
+        let b = serde_json::to_vec(v).unwrap_or_default();
+        self.tx.send(line(kind, &b)).await.is_ok()
+    }
+
+    async fn send_event(&self, e: &WatchEvent) -> bool {
+        let kind = match e {
+            WatchEvent::Added(_) => "ADDED",
+            WatchEvent::Modified(_) => "MODIFIED",
+            WatchEvent::Deleted(_) => "DELETED",
+        };
+        let o = e.object();
+        let bytes = match self.output {
+            Output::Object => line(kind, &o.json),
+            Output::Table(inc) => match o.value() {
+                Ok(v) => {
+                    let t = table::single(self.resource, &v, inc);
+                    line(kind, &serde_json::to_vec(&t).unwrap_or_default())
+                }
+                Err(_) => return true,
+            },
+        };
+        self.ctx.metrics.watch_event(self.resource.plural);
+        self.tx.send(bytes).await.is_ok()
+    }
+}

@@ -1,0 +1,479 @@
+//! create, update and patch: decode, fill in the system metadata, NamespaceLifecycle,
+//! defaulting, validation, allocation, then one compare-and-swap write to the store, answered
+//! only once it is durable. Updates and patches retry on a concurrent write unless the client
+//! named the resourceVersion it expects (then a stale one is 409 Conflict).
+
+use std::sync::Arc;
+
+use http::{header, StatusCode};
+use serde_json::{json, Value};
+
+use super::read::current;
+use super::{check_kind, store_error, Call, Ctx};
+use crate::apiserver::negotiate::{self, BodyFormat};
+use crate::apiserver::output::{self, Resp};
+use crate::apiserver::registry::{Resource, StatusOnCreate, Subresource};
+use crate::apiserver::request::{FieldValidation, WriteOptions};
+use crate::apiserver::{meta, rules};
+use crate::machinery::ApiError;
+use crate::store::{Precondition, Revision, StoreError, WriteOp};
+
+/// Which part of an object a write may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The main resource: everything but `.status` (when status is a subresource).
+    Main,
+    /// The status subresource: only `.status`.
+    Status,
+    /// A write the server itself composes (a binding): taken whole, without the update
+    /// validation a client's write gets (which would refuse setting spec.nodeName).
+    System,
+}
+
+/// Retries of an update that lost a race with another writer.
+const UPDATE_RETRIES: usize = 16;
+
+/// Decodes an object body and checks it names this resource.
+fn decode_body(call: &Call<'_>, opts: &WriteOptions) -> Result<Value, ApiError> {
+    let format = BodyFormat::of(call.header(header::CONTENT_TYPE))?;
+    let mut obj = negotiate::decode_object(format, &call.body)?;
+    check_kind(call.resource, &mut obj)?;
+    strict(call.resource, &obj, opts)?;
+    Ok(obj)
+}
+
+/// `fieldValidation=Strict`: unknown fields are a 400 naming each.
+fn strict(r: &Resource, obj: &Value, opts: &WriteOptions) -> Result<(), ApiError> {
+    if opts.field_validation != FieldValidation::Strict {
+        return Ok(());
+    }
+    let unknown = rules::unknown_fields(r, obj);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let listed: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field \"{f}\""))
+        .collect();
+    Err(ApiError::bad_request(format!(
+        "strict decoding error: {}",
+        listed.join(", ")
+    )))
+}
+
+/// The object's namespace must be the path's (filled in when absent).
+fn place(r: &Resource, ns: Option<&str>, obj: &mut Value) -> Result<(), ApiError> {
+    let m = meta::metadata_mut(obj)?;
+    let given = m
+        .get("namespace")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
+    match (r.namespaced(), ns, given) {
+        (true, Some(ns), None) => {
+            m.insert("namespace".into(), json!(ns));
+        }
+        (true, Some(ns), Some(g)) if g != ns => return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        (true, None, _) => {
+            return Err(ApiError::bad_request(format!(
+                "{} is namespaced: create it under /namespaces/<namespace>/",
+                r.plural
+            )))
+        }
+        (false, _, _) => {
+            m.remove("namespace");
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+pub async fn create(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, ApiError> {
+    let opts = WriteOptions::from_query(call.query)?;
+    let obj = decode_body(call, &opts)?;
+    let stored = create_object(ctx, call.resource, call.namespace(), obj, &opts).await?;
+    Ok(output::json(StatusCode::CREATED, &stored))
+}
+
+/// Creates an object: system metadata, NamespaceLifecycle, defaulting, validation,
+/// allocation, then the write. Returns the stored object.
+pub async fn create_object(
+    ctx: &Ctx,
+    r: &'static Resource,
+    ns: Option<&str>,
+    mut obj: Value,
+    opts: &WriteOptions,
+) -> Result<Value, ApiError> {
+    place(r, ns, &mut obj)?;
+    let m = meta::metadata_mut(&mut obj)?;
+    let has_name = m
+        .get("name")
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty());
+    if !has_name {
+        if let Some(g) = m.get("generateName").and_then(Value::as_str) {
+            let n = format!("{g}{}", meta::random_suffix(5));
+            m.insert("name".into(), json!(n));
+        }
+    }
+    m.insert("uid".into(), json!(meta::new_uid()));
+    m.insert("creationTimestamp".into(), json!(meta::now()));
+    m.insert("generation".into(), json!(1));
+    for k in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+        "managedFields",
+    ] {
+        m.remove(k);
+    }
+    if r.status_on_create == StatusOnCreate::Reset {
+        let status = match r.kind {
+            "Pod" => json!({"phase": "Pending"}),
+            "Namespace" => json!({"phase": "Active"}),
+            _ => json!({}),
+        };
+        obj["status"] = status;
+    }
+    if r.group.is_empty() && r.kind == "Namespace" {
+        // The namespace controller removes this finalizer once the namespace is empty.
+        obj["spec"]["finalizers"] = json!(["kubernetes"]);
+    }
+    let name = meta::name(&obj).unwrap_or_default().to_string();
+    if r.namespaced() {
+        namespace_lifecycle(ctx, ns.unwrap_or_default()).await?;
+    }
+    rules::default(r, &mut obj);
+    let errors = rules::validate(r, &obj, None);
+    if !errors.is_empty() {
+        return Err(ApiError::invalid(r.group, r.kind, &name, errors));
+    }
+    let alloc = ctx.admission.admit_create(r, &mut obj, opts.dry_run)?;
+    if opts.dry_run {
+        ctx.admission.rollback(alloc);
+        return Ok(obj);
+    }
+    let value = serde_json::to_vec(&obj).map_err(ApiError::internal)?;
+    let written = ctx
+        .store
+        .write(WriteOp::Put {
+            key: r.key(ns.filter(|_| r.namespaced()), &name),
+            value: value.into(),
+            precondition: Precondition::MustNotExist,
+        })
+        .await;
+    match written {
+        Ok(w) => {
+            ctx.admission.commit(alloc);
+            meta::set_resource_version(&mut obj, w.revision);
+            ctx.metrics.wrote(r.plural, "create");
+            Ok(obj)
+        }
+        Err(e) => {
+            ctx.admission.rollback(alloc);
+            Err(store_error(r, &name, e))
+        }
+    }
+}
+
+/// NamespaceLifecycle: no new objects in a namespace that does not exist or is terminating.
+async fn namespace_lifecycle(ctx: &Ctx, ns: &str) -> Result<(), ApiError> {
+    let nsr = crate::apiserver::registry::find("", "v1", "namespaces")
+        .ok_or_else(|| ApiError::internal("namespaces not registered"))?;
+    let Some(o) = ctx.cached(nsr, &nsr.key(None, ns)).await? else {
+        return Err(ApiError::not_found("", "namespaces", ns));
+    };
+    let v = o.value().map_err(ApiError::internal)?;
+    if meta::deletion_timestamp(&v).is_some()
+        || v.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+    {
+        let mut e = ApiError::forbidden(format!(
+            "unable to create new content in namespace {ns} because it is being terminated"
+        ));
+        e.details = Some(crate::machinery::status::Details {
+            group: String::new(),
+            kind: "namespaces".into(),
+            name: ns.into(),
+        });
+        return Err(e);
+    }
+    Ok(())
+}
+
+pub async fn update(
+    ctx: &Arc<Ctx>,
+    call: &Call<'_>,
+    name: &str,
+    part: Part,
+) -> Result<Resp, ApiError> {
+    let opts = WriteOptions::from_query(call.query)?;
+    let mut obj = decode_body(call, &opts)?;
+    match meta::name(&obj) {
+        Some(n) if n != name => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )))
+        }
+        _ => {
+            meta::metadata_mut(&mut obj)?.insert("name".into(), json!(name));
+        }
+    }
+    place(call.resource, call.namespace(), &mut obj)?;
+    let expected = meta::resource_version(&obj)
+        .map(meta::parse_revision)
+        .transpose()?;
+    let stored = update_object(ctx, call, name, part, expected, &opts, |_| Ok(obj.clone())).await?;
+    Ok(output::ok(&stored))
+}
+
+pub async fn patch(
+    ctx: &Arc<Ctx>,
+    call: &Call<'_>,
+    name: &str,
+    part: Part,
+) -> Result<Resp, ApiError> {
+    let opts = WriteOptions::from_query(call.query)?;
+    let content_type = call.header(header::CONTENT_TYPE).unwrap_or("");
+    let patch_type = rules::patch_type(content_type)
+        .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
+    let body = call.body.clone();
+    let r = call.resource;
+    // A patch naming a resourceVersion is a precondition, as Kubernetes treats it.
+    let expected = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| meta::resource_version(&v).map(str::to_string))
+        .map(|rv| meta::parse_revision(&rv))
+        .transpose()?;
+    let result = update_object(ctx, call, name, part, expected, &opts, |cur| {
+        let patched = rules::patch(r, cur, patch_type, &body)?;
+        strict(r, &patched, &opts)?;
+        Ok(patched)
+    })
+    .await;
+    match result {
+        Err(e) if e.code == 404 && rules::is_apply(patch_type) && part == Part::Main => {
+            // Server-side apply creates what does not exist yet.
+            let empty =
+                json!({"apiVersion": r.api_version(), "kind": r.kind, "metadata": {"name": name}});
+            let mut obj = rules::patch(r, &empty, patch_type, &body)?;
+            check_kind(r, &mut obj)?;
+            strict(r, &obj, &opts)?;
+            let stored = create_object(ctx, r, call.namespace(), obj, &opts).await?;
+            Ok(output::json(StatusCode::CREATED, &stored))
+        }
+        other => Ok(output::ok(&other?)),
+    }
+}
+
+/// The read-modify-write loop of every update: `mutate` computes the desired object from the
+/// current one; the write is a compare-and-swap on the current revision.
+pub async fn update_object(
+    ctx: &Ctx,
+    call: &Call<'_>,
+    name: &str,
+    part: Part,
+    expected: Option<Revision>,
+    opts: &WriteOptions,
+    mut mutate: impl FnMut(&Value) -> Result<Value, ApiError>,
+) -> Result<Value, ApiError> {
+    let r = call.resource;
+    for _ in 0..UPDATE_RETRIES {
+        let (cur, cur_rev) = current(ctx, call, name).await?;
+        if expected.is_some_and(|e| e != cur_rev) {
+            return Err(store_error(
+                r,
+                name,
+                StoreError::Conflict {
+                    key: call.key(name),
+                    expected: expected.unwrap_or_default(),
+                    actual: cur_rev,
+                },
+            ));
+        }
+        let mut new = mutate(&cur)?;
+        check_kind(r, &mut new)?;
+        prepare_update(r, part, &mut new, &cur)?;
+        rules::default(r, &mut new);
+        let errors = match part {
+            Part::System => Vec::new(),
+            Part::Main | Part::Status => rules::validate(r, &new, Some(&cur)),
+        };
+        if !errors.is_empty() {
+            return Err(ApiError::invalid(r.group, r.kind, name, errors));
+        }
+        let alloc = ctx
+            .admission
+            .admit_update(r, &mut new, &cur, opts.dry_run)?;
+        if unchanged(&new, &cur) || opts.dry_run {
+            ctx.admission.rollback(alloc);
+            return Ok(if opts.dry_run { new } else { cur });
+        }
+        let finished = meta::deletion_timestamp(&new).is_some() && !blocks_deletion(&new);
+        let op = if finished {
+            WriteOp::Delete {
+                key: call.key(name),
+                precondition: Precondition::ModRevision(cur_rev),
+            }
+        } else {
+            WriteOp::Put {
+                key: call.key(name),
+                value: serde_json::to_vec(&new).map_err(ApiError::internal)?.into(),
+                precondition: Precondition::ModRevision(cur_rev),
+            }
+        };
+        match ctx.store.write(op).await {
+            Ok(w) => {
+                ctx.admission.commit(alloc);
+                if finished {
+                    ctx.admission.deleted(r, &new);
+                }
+                meta::set_resource_version(&mut new, w.revision);
+                ctx.metrics.wrote(r.plural, "update");
+                return Ok(new);
+            }
+            Err(StoreError::Conflict { .. }) if expected.is_none() => {
+                ctx.admission.rollback(alloc);
+            }
+            Err(e) => {
+                ctx.admission.rollback(alloc);
+                return Err(store_error(r, name, e));
+            }
+        }
+    }
+    Err(ApiError::conflict(
+        r.group,
+        r.plural,
+        name,
+        "too many concurrent writes; please retry",
+    ))
+}
+
+/// Whether something still holds an object that is being deleted: metadata finalizers, or a
+/// namespace's spec finalizers.
+pub fn blocks_deletion(obj: &Value) -> bool {
+    !meta::finalizers(obj).is_empty()
+        || obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty())
+}
+
+/// Carries over what a client cannot change and separates the main resource from status.
+fn prepare_update(r: &Resource, part: Part, new: &mut Value, cur: &Value) -> Result<(), ApiError> {
+    if part == Part::Status {
+        // Only status changes (Kubernetes' ResetObjectMetaForStatus and status strategies).
+        let status = new.get("status").cloned();
+        let mut merged = cur.clone();
+        match status {
+            Some(s) => merged["status"] = s,
+            None => {
+                if let Some(o) = merged.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+        if r.kind == "Namespace" {
+            // /finalize changes spec.finalizers.
+            if let Some(f) = new.pointer("/spec/finalizers") {
+                merged["spec"]["finalizers"] = f.clone();
+            }
+        }
+        *new = merged;
+        return Ok(());
+    }
+    if part == Part::Main && r.has(Subresource::Status) {
+        match cur.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(o) = new.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+    }
+    let cur_meta = cur.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let spec_changed = meta::without_meta_and_status(new) != meta::without_meta_and_status(cur);
+    let m = meta::metadata_mut(new)?;
+    for k in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "namespace",
+        "name",
+    ] {
+        match cur_meta.get(k) {
+            Some(v) => m.insert(k.into(), v.clone()),
+            None => m.remove(k),
+        };
+    }
+    m.remove("selfLink");
+    let generation = meta::generation(cur) + i64::from(spec_changed);
+    m.insert("generation".into(), json!(generation.max(1)));
+    Ok(())
+}
+
+/// Whether an update changes nothing (then nothing is written and the revision stays).
+fn unchanged(new: &Value, cur: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+            m.remove("managedFields");
+        }
+        v
+    };
+    strip(new) == strip(cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::registry::find;
+
+    #[test]
+    fn main_writes_keep_status_and_system_metadata() {
+        let r = find("apps", "v1", "deployments").unwrap();
+        let cur = json!({"metadata":{"name":"d","uid":"u1","generation":3,"creationTimestamp":"t"},
+            "spec":{"replicas":1},"status":{"replicas":1}});
+        let mut new = json!({"metadata":{"name":"d","uid":"other"},"spec":{"replicas":2},"status":{"replicas":9}});
+        prepare_update(r, Part::Main, &mut new, &cur).unwrap();
+        assert_eq!(new["status"]["replicas"], 1);
+        assert_eq!(new["metadata"]["uid"], "u1");
+        assert_eq!(new["metadata"]["generation"], 4);
+        let mut same = json!({"metadata":{"name":"d","labels":{"a":"b"}},"spec":{"replicas":1}});
+        prepare_update(r, Part::Main, &mut same, &cur).unwrap();
+        assert_eq!(
+            same["metadata"]["generation"], 3,
+            "a metadata change keeps the generation"
+        );
+    }
+
+    #[test]
+    fn status_writes_change_only_status() {
+        let r = find("", "v1", "pods").unwrap();
+        let cur = json!({"metadata":{"name":"p","labels":{"a":"b"}},"spec":{"nodeName":"n"},"status":{"phase":"Pending"}});
+        let mut new = json!({"metadata":{"name":"p","labels":{}},"spec":{"nodeName":"x"},"status":{"phase":"Running"}});
+        prepare_update(r, Part::Status, &mut new, &cur).unwrap();
+        assert_eq!(new["status"]["phase"], "Running");
+        assert_eq!(new["spec"]["nodeName"], "n");
+        assert_eq!(new["metadata"]["labels"]["a"], "b");
+    }
+
+    #[test]
+    fn namespaces_are_checked() {
+        let pods = find("", "v1", "pods").unwrap();
+        let mut o = json!({"metadata":{"name":"p","namespace":"other"}});
+        assert_eq!(place(pods, Some("default"), &mut o).unwrap_err().code, 400);
+        let mut o = json!({"metadata":{"name":"p"}});
+        place(pods, Some("default"), &mut o).unwrap();
+        assert_eq!(o["metadata"]["namespace"], "default");
+        let nodes = find("", "v1", "nodes").unwrap();
+        let mut o = json!({"metadata":{"name":"n","namespace":"x"}});
+        place(nodes, None, &mut o).unwrap();
+        assert!(o["metadata"].get("namespace").is_none());
+    }
+}

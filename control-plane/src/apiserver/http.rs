@@ -1,0 +1,273 @@
+//! The HTTP front: accepting connections (plain HTTP today; a TLS acceptor slots in at
+//! [`serve`]), authentication, routing of non-resource paths (health, version, metrics,
+//! discovery, OpenAPI) and of resource paths to the handlers, request metrics and logs.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use super::discovery;
+use super::handlers::{self, Call, Ctx};
+use super::negotiate::{self, MAX_BODY_BYTES};
+use super::output::{self, Resp};
+use super::registry;
+use super::request::{self, ApiPath};
+use crate::machinery::ApiError;
+
+/// How long shutdown waits for open connections to finish.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Who may call the API: the holder of the admin bearer token; over plain HTTP also a
+/// loopback client that presents no token at all (kubectl sends credentials only over TLS,
+/// like Kubernetes' former insecure port). A wrong token is always refused.
+pub struct Auth {
+    /// The admin bearer token.
+    pub token: String,
+}
+
+impl Auth {
+    fn check(&self, req: &Request<Incoming>, peer: SocketAddr) -> Result<(), ApiError> {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            Some(t) if constant_time_eq(t.as_bytes(), self.token.as_bytes()) => Ok(()),
+            None if peer.ip().is_loopback() => Ok(()),
+            _ => Err(ApiError::unauthorized()),
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Serves connections until `ctx.shutdown` fires, then drains them.
+pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, auth: Arc<Auth>) {
+    let graceful = GracefulShutdown::new();
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = ctx.shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = ctx.clone();
+        let auth = auth.clone();
+        let service = service_fn(move |req| {
+            let ctx = ctx.clone();
+            let auth = auth.clone();
+            async move { Ok::<_, std::convert::Infallible>(handle(ctx, auth, peer, req).await) }
+        });
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after {DRAIN:?}; closing them");
+    }
+}
+
+/// One request, logged and counted.
+async fn handle(ctx: Arc<Ctx>, auth: Arc<Auth>, peer: SocketAddr, req: Request<Incoming>) -> Resp {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = request::parse_query(req.uri().query());
+    let verb = verb_of(&method, &path, &query);
+    let resp = match route(&ctx, &auth, peer, req, &query).await {
+        Ok(r) => r,
+        Err(e) => output::error(&e),
+    };
+    let code = resp.status().as_u16();
+    let secs = started.elapsed().as_secs_f64();
+    ctx.metrics.request(verb, code, secs);
+    tracing::debug!(%method, %path, code, verb, ms = secs * 1e3, "request");
+    resp
+}
+
+/// The Kubernetes verb of a request, for metrics.
+fn verb_of(m: &Method, path: &str, q: &HashMap<String, String>) -> &'static str {
+    let named = matches!(
+        request::parse_path(path),
+        Some(ApiPath::Resource(request::ResourcePath {
+            name: Some(_),
+            ..
+        }))
+    );
+    match *m {
+        Method::GET if q.get("watch").is_some_and(|w| w == "true" || w == "1") => "watch",
+        Method::GET if named => "get",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if named => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "other",
+    }
+}
+
+async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
+    match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ApiError::too_large(MAX_BODY_BYTES))
+        }
+        Err(e) => Err(ApiError::bad_request(format!("reading the body: {e}"))),
+    }
+}
+
+async fn route(
+    ctx: &Arc<Ctx>,
+    auth: &Auth,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    query: &HashMap<String, String>,
+) -> Result<Resp, ApiError> {
+    let path = req.uri().path().to_string();
+    match path.as_str() {
+        "/healthz" | "/livez" => return Ok(output::text(StatusCode::OK, "ok")),
+        "/readyz" => {
+            return Ok(if ctx.shutdown.is_cancelled() {
+                output::text(StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+            } else {
+                output::text(StatusCode::OK, "ok")
+            })
+        }
+        "/version" => return Ok(output::ok(&discovery::version())),
+        "/metrics" => {
+            return Ok(output::bytes(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ctx.metrics.render(),
+            ))
+        }
+        _ => {}
+    }
+    auth.check(&req, peer)?;
+    if req.method() == Method::GET {
+        if path == "/openapi/v3" || path == "/openapi/v3/" {
+            return Ok(output::ok(&discovery::openapi_index()));
+        }
+        if let Some(gv) = path.strip_prefix("/openapi/v3/") {
+            return discovery::openapi_group_version(gv.trim_end_matches('/'))
+                .map(|d| output::ok(&d))
+                .ok_or_else(|| ApiError::path_not_found(&path));
+        }
+    }
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let api = request::parse_path(&path).ok_or_else(|| ApiError::path_not_found(&path))?;
+    let get_only = |m: &Method| {
+        if m != Method::GET {
+            Err(ApiError::method_not_allowed(format!(
+                "{m} is not allowed on {path}"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    match api {
+        ApiPath::CoreVersions => {
+            get_only(req.method())?;
+            Ok(match negotiate::aggregated_discovery(accept.as_deref()) {
+                Some(v) => discovery::answer_aggregated(&discovery::aggregated(true, v), v),
+                None => discovery::answer(&discovery::core_versions(&host(&req))),
+            })
+        }
+        ApiPath::Groups => {
+            get_only(req.method())?;
+            Ok(match negotiate::aggregated_discovery(accept.as_deref()) {
+                Some(v) => discovery::answer_aggregated(&discovery::aggregated(false, v), v),
+                None => discovery::answer(&discovery::groups()),
+            })
+        }
+        ApiPath::Group(g) => {
+            get_only(req.method())?;
+            discovery::group(&g)
+                .map(|v| discovery::answer(&v))
+                .ok_or_else(|| ApiError::path_not_found(&path))
+        }
+        ApiPath::GroupVersion { group, version } => {
+            get_only(req.method())?;
+            if !registry::serves(&group, &version) {
+                return Err(ApiError::path_not_found(&path));
+            }
+            Ok(discovery::answer(&discovery::resource_list(
+                &group, &version,
+            )))
+        }
+        ApiPath::Resource(rp) => {
+            let legacy_binding = rp.group.is_empty()
+                && rp.resource == "bindings"
+                && rp.name.is_none()
+                && rp.namespace.is_some()
+                && req.method() == Method::POST;
+            let resource = if legacy_binding {
+                registry::find("", "v1", "pods")
+            } else {
+                registry::find(&rp.group, &rp.version, &rp.resource)
+            }
+            .ok_or_else(|| ApiError::path_not_found(&path))?;
+            let method = req.method().clone();
+            let headers = req.headers().clone();
+            let body = read_body(req.into_body()).await?;
+            let call = Call {
+                method: &method,
+                path: &rp,
+                resource,
+                query,
+                headers: &headers,
+                body,
+            };
+            if legacy_binding {
+                handlers::legacy_binding(ctx, call).await
+            } else {
+                handlers::dispatch(ctx, call).await
+            }
+        }
+    }
+}
+
+/// The address the client used, for APIVersions.
+fn host(req: &Request<Incoming>) -> String {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}

@@ -1,0 +1,167 @@
+//! Prometheus metrics of the API server, served at /metrics in the text format.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Cheap to clone; every clone updates the same metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    latency: Family<Labels, Histogram>,
+    writes: Family<Labels, Counter>,
+    listed: Family<Labels, Counter>,
+    watchers: Family<Labels, Gauge>,
+    watch_events: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("skiff_apiserver");
+        let requests = Family::<Labels, Counter>::default();
+        let latency = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+        });
+        let writes = Family::<Labels, Counter>::default();
+        let listed = Family::<Labels, Counter>::default();
+        let watchers = Family::<Labels, Gauge>::default();
+        let watch_events = Family::<Labels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests by verb and HTTP code",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request latency by verb (watches: until the response starts)",
+            latency.clone(),
+        );
+        registry.register(
+            "writes",
+            "Durable writes by resource and verb",
+            writes.clone(),
+        );
+        registry.register(
+            "listed_objects",
+            "Objects returned by lists",
+            listed.clone(),
+        );
+        registry.register("watchers", "Open watches by resource", watchers.clone());
+        registry.register(
+            "watch_events",
+            "Watch events sent by resource",
+            watch_events.clone(),
+        );
+        Metrics {
+            inner: Arc::new(Inner {
+                registry,
+                requests,
+                latency,
+                writes,
+                listed,
+                watchers,
+                watch_events,
+            }),
+        }
+    }
+
+    pub fn request(&self, verb: &'static str, code: u16, seconds: f64) {
+        self.inner
+            .requests
+            .get_or_create(&vec![
+                ("verb", verb.to_string()),
+                ("code", code.to_string()),
+            ])
+            .inc();
+        self.inner
+            .latency
+            .get_or_create(&vec![("verb", verb.to_string())])
+            .observe(seconds);
+    }
+
+    pub fn wrote(&self, resource: &'static str, verb: &'static str) {
+        self.inner
+            .writes
+            .get_or_create(&vec![
+                ("resource", resource.to_string()),
+                ("verb", verb.to_string()),
+            ])
+            .inc();
+    }
+
+    pub fn listed(&self, resource: &'static str, n: usize) {
+        self.inner
+            .listed
+            .get_or_create(&vec![("resource", resource.to_string())])
+            .inc_by(n as u64);
+    }
+
+    pub fn watch_started(&self, resource: &'static str) {
+        self.inner
+            .watchers
+            .get_or_create(&vec![("resource", resource.to_string())])
+            .inc();
+    }
+
+    pub fn watch_ended(&self, resource: &'static str) {
+        self.inner
+            .watchers
+            .get_or_create(&vec![("resource", resource.to_string())])
+            .dec();
+    }
+
+    pub fn watch_event(&self, resource: &'static str) {
+        self.inner
+            .watch_events
+            .get_or_create(&vec![("resource", resource.to_string())])
+            .inc();
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.inner.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_what_was_counted() {
+        let m = Metrics::new();
+        m.request("get", 200, 0.001);
+        m.wrote("pods", "create");
+        m.watch_started("pods");
+        let text = m.render();
+        assert!(
+            text.contains("skiff_apiserver_requests_total{verb=\"get\",code=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("skiff_apiserver_watchers{resource=\"pods\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,288 @@
+//! The Kubernetes-compatible API server: [`Server::start`] opens the store in a data
+//! directory, loads the watch cache, restores allocations, creates the system namespaces,
+//! writes an admin kubeconfig and serves HTTP until [`RunningServer::shutdown`].
+//!
+//! Rooms: `http` (connections, auth, routing), `request` (paths and query options),
+//! `negotiate` (content types in and out), `protobuf` (kubectl's protobuf bodies), `handlers`
+//! (get/list/watch/create/update/patch/delete and subresources), `admission` (ClusterIP and
+//! NodePort allocation), `rules` (the seam to the machinery: defaulting, validation, selectors,
+//! patches, table cells), `registry` (the served resources), `discovery`, `table`, `meta`,
+//! `output`, `kubeconfig`, `metrics`.
+
+// ApiError carries a full Status (message, details, causes); it is the cold path of every
+// handler, so returning it unboxed is simpler and costs nothing that matters.
+#![allow(clippy::result_large_err)]
+
+pub mod admission;
+mod discovery;
+mod handlers;
+mod http;
+pub mod kubeconfig;
+mod meta;
+pub mod metrics;
+mod negotiate;
+mod output;
+mod protobuf;
+pub mod registry;
+mod request;
+mod rules;
+mod table;
+
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use self::admission::cluster_ip::Cidr;
+use self::admission::Admission;
+use self::handlers::Ctx;
+use self::metrics::Metrics;
+use crate::store::cache::{Cache, CacheOptions, CacheSpec};
+use crate::store::redb::{RedbOptions, RedbStore};
+use crate::store::{Precondition, Store, StoreError, WriteOp};
+
+/// How the server is set up.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where the store, the admin token and (by default) the kubeconfig live.
+    pub data_dir: PathBuf,
+    /// Address to listen on; port 0 picks a free port (see [`RunningServer::addr`]).
+    pub listen: SocketAddr,
+    /// Where to write the admin kubeconfig (default `<data_dir>/kubeconfig`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Service ClusterIP range.
+    pub service_cidr: Cidr,
+    /// NodePort range.
+    pub node_ports: RangeInclusive<u16>,
+    /// Store history kept for watch resumption (revisions).
+    pub store_history: u64,
+    /// Watch cache history per resource (events); older resumes get 410 Expired.
+    pub watch_history: usize,
+    /// How often idle watches with allowWatchBookmarks get a BOOKMARK.
+    pub bookmark_interval: Duration,
+}
+
+impl Config {
+    /// Defaults as Kubernetes has them: services 10.96.0.0/12, node ports 30000-32767.
+    pub fn new(data_dir: impl Into<PathBuf>, listen: SocketAddr) -> Config {
+        Config {
+            data_dir: data_dir.into(),
+            listen,
+            kubeconfig: None,
+            service_cidr: "10.96.0.0/12".parse().expect("valid default CIDR"),
+            node_ports: 30000..=32767,
+            store_history: RedbOptions::default().history_limit,
+            watch_history: CacheOptions::default().history_per_resource,
+            bookmark_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("watch cache: {0}")]
+    Cache(#[from] crate::store::cache::CacheError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
+    let what = what.into();
+    move |source| StartError::Io { what, source }
+}
+
+/// The API server (see [`Server::start`]).
+pub struct Server;
+
+/// A started server.
+pub struct RunningServer {
+    addr: SocketAddr,
+    token: String,
+    kubeconfig: PathBuf,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+    store: RedbStore,
+}
+
+impl Server {
+    /// Opens the store, loads the cache and starts serving.
+    pub async fn start(config: Config) -> Result<RunningServer, StartError> {
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(io(format!("creating {}", config.data_dir.display())))?;
+        let store = RedbStore::open(
+            &config.data_dir,
+            RedbOptions {
+                history_limit: config.store_history,
+            },
+        )?;
+        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        let specs = registry::RESOURCES
+            .iter()
+            .map(|r| CacheSpec {
+                prefix: r.prefix(),
+                fields: r.selectable_fields(),
+                indexed: r.indexed.to_vec(),
+                field_fn: rules::cache_field,
+            })
+            .collect();
+        let cache = Cache::start(
+            shared.clone(),
+            specs,
+            CacheOptions {
+                history_per_resource: config.watch_history,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let admission = Admission::new(config.service_cidr, config.node_ports.clone());
+        restore_allocations(&cache, &admission)?;
+        let shutdown = CancellationToken::new();
+        let ctx = Arc::new(Ctx {
+            store: shared.clone(),
+            cache,
+            admission,
+            shutdown: shutdown.clone(),
+            metrics: Metrics::new(),
+            bookmark_interval: config.bookmark_interval,
+        });
+        ensure_namespaces(shared.as_ref()).await?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(io(format!("listening on {}", config.listen)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io("reading the listen address"))?;
+        let token =
+            kubeconfig::load_or_create_token(&config.data_dir).map_err(io("the admin token"))?;
+        let kubeconfig_path = config
+            .kubeconfig
+            .clone()
+            .unwrap_or_else(|| config.data_dir.join("kubeconfig"));
+        let server_url = format!("http://{}", client_addr(addr));
+        kubeconfig::write_private(
+            &kubeconfig_path,
+            kubeconfig::render(&server_url, &token).as_bytes(),
+        )
+        .map_err(io(format!("writing {}", kubeconfig_path.display())))?;
+        let auth = Arc::new(http::Auth {
+            token: token.clone(),
+        });
+        let task = tokio::spawn(http::serve(listener, ctx, auth));
+        tracing::info!(%addr, kubeconfig = %kubeconfig_path.display(), "API server serving");
+        Ok(RunningServer {
+            addr,
+            token,
+            kubeconfig: kubeconfig_path,
+            shutdown,
+            task,
+            store,
+        })
+    }
+}
+
+/// The address clients should dial: a wildcard listen address is reached over loopback.
+fn client_addr(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+    } else {
+        addr
+    }
+}
+
+impl RunningServer {
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`
+    pub fn url(&self) -> String {
+        format!("http://{}", client_addr(self.addr))
+    }
+
+    /// The admin bearer token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The admin kubeconfig the server wrote.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Resolves when the server stops (after [`RunningServer::shutdown`] or a fatal error).
+    pub async fn stopped(&mut self) {
+        let _ = (&mut self.task).await;
+    }
+
+    /// Stops accepting, ends watches, drains connections and closes the store.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+        let store = self.store;
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        tracing::info!("API server stopped");
+    }
+
+    /// A token that stops the server when cancelled (for signal handlers).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+}
+
+/// Marks the ClusterIPs and NodePorts the stored Services hold.
+fn restore_allocations(cache: &Cache, admission: &Admission) -> Result<(), StartError> {
+    let services = registry::find("", "v1", "services").expect("services are registered");
+    let rc = cache.resource(&services.prefix())?;
+    let everything: crate::store::cache::Filter = Arc::new(|_| true);
+    let page = rc.list(
+        &services.prefix(),
+        &everything,
+        None,
+        None,
+        cache.revision(),
+    );
+    admission.restore(page.items.iter().filter_map(|o| o.value().ok()));
+    Ok(())
+}
+
+/// Creates the namespaces every cluster has (idempotent).
+async fn ensure_namespaces(store: &dyn Store) -> Result<(), StartError> {
+    let namespaces = registry::find("", "v1", "namespaces").expect("namespaces are registered");
+    for name in handlers::SYSTEM_NAMESPACES {
+        let obj = json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "uid": meta::new_uid(),
+                "creationTimestamp": meta::now(),
+                "labels": {"kubernetes.io/metadata.name": name},
+            },
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        });
+        let op = WriteOp::Put {
+            key: namespaces.key(None, name),
+            value: serde_json::to_vec(&obj).unwrap_or_default().into(),
+            precondition: Precondition::MustNotExist,
+        };
+        match store.write(op).await {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

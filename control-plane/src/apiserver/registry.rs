@@ -1,0 +1,439 @@
+//! The resources the server serves. Adding a resource is one entry in [`RESOURCES`]: its
+//! group/version/kind, names, scope, subresources and selectable fields; its defaulting,
+//! validation and table columns come from `machinery::kinds` by group and kind.
+
+/// A subresource the server implements for a resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subresource {
+    /// `/status`: writes change only `.status`; the main resource ignores `.status`.
+    Status,
+    /// `/scale`: an autoscaling/v1 Scale view of `.spec.replicas`.
+    Scale,
+    /// `pods/binding`: assigns a pod to a node.
+    Binding,
+}
+
+impl Subresource {
+    pub fn name(self) -> &'static str {
+        match self {
+            Subresource::Status => "status",
+            Subresource::Scale => "scale",
+            Subresource::Binding => "binding",
+        }
+    }
+}
+
+/// Whether a resource lives in a namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Namespaced,
+    Cluster,
+}
+
+/// What happens to `.status` on create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusOnCreate {
+    /// Kept as sent (nodes report their status when they register; kinds without status).
+    Keep,
+    /// Cleared, as Kubernetes' create strategies do for controller-owned status.
+    Reset,
+}
+
+/// One served resource.
+#[derive(Debug)]
+pub struct Resource {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub scope: Scope,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    pub subresources: &'static [Subresource],
+    /// Field-selector fields beyond metadata.name and metadata.namespace.
+    pub fields: &'static [&'static str],
+    /// Fields with a watch channel per value (O(changed) fan-out).
+    pub indexed: &'static [&'static str],
+    pub status_on_create: StatusOnCreate,
+}
+
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+impl Resource {
+    /// `apps/v1`, or `v1` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    pub fn namespaced(&self) -> bool {
+        self.scope == Scope::Namespaced
+    }
+
+    pub fn verbs(&self) -> &'static [&'static str] {
+        VERBS
+    }
+
+    pub fn has(&self, s: Subresource) -> bool {
+        self.subresources.contains(&s)
+    }
+
+    /// The store prefix of every object of this resource: `/<group or core>/<plural>/`.
+    pub fn prefix(&self) -> String {
+        let g = if self.group.is_empty() {
+            "core"
+        } else {
+            self.group
+        };
+        format!("/{g}/{}/", self.plural)
+    }
+
+    /// The store prefix of the objects in `namespace` (all of them when None).
+    pub fn namespace_prefix(&self, namespace: Option<&str>) -> String {
+        match (self.scope, namespace) {
+            (Scope::Namespaced, Some(ns)) => format!("{}{ns}/", self.prefix()),
+            _ => self.prefix(),
+        }
+    }
+
+    /// The store key of one object.
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        format!("{}{name}", self.namespace_prefix(namespace))
+    }
+
+    /// Every field a field selector may name for this resource.
+    pub fn selectable_fields(&self) -> Vec<&'static str> {
+        let mut f = vec!["metadata.name", "metadata.namespace"];
+        f.extend_from_slice(self.fields);
+        f
+    }
+}
+
+use Subresource::*;
+
+const NONE: &[&str] = &[];
+const ALL: &[&str] = &["all"];
+
+/// Every resource the server serves, in discovery order.
+pub static RESOURCES: &[Resource] = &[
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "Namespace",
+        plural: "namespaces",
+        singular: "namespace",
+        scope: Scope::Cluster,
+        short_names: &["ns"],
+        categories: NONE,
+        subresources: &[Status],
+        fields: &["status.phase"],
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Reset,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "Pod",
+        plural: "pods",
+        singular: "pod",
+        scope: Scope::Namespaced,
+        short_names: &["po"],
+        categories: ALL,
+        subresources: &[Status, Binding],
+        fields: &[
+            "spec.nodeName",
+            "status.phase",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+        indexed: &["spec.nodeName", "metadata.namespace"],
+        status_on_create: StatusOnCreate::Reset,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "Service",
+        plural: "services",
+        singular: "service",
+        scope: Scope::Namespaced,
+        short_names: &["svc"],
+        categories: ALL,
+        subresources: &[Status],
+        fields: &["spec.clusterIP", "spec.type"],
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Reset,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "Endpoints",
+        plural: "endpoints",
+        singular: "endpoints",
+        scope: Scope::Namespaced,
+        short_names: &["ep"],
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "Node",
+        plural: "nodes",
+        singular: "node",
+        scope: Scope::Cluster,
+        short_names: &["no"],
+        categories: NONE,
+        subresources: &[Status],
+        fields: &["spec.unschedulable"],
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "Event",
+        plural: "events",
+        singular: "event",
+        scope: Scope::Namespaced,
+        short_names: &["ev"],
+        categories: NONE,
+        subresources: &[],
+        fields: &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "ConfigMap",
+        plural: "configmaps",
+        singular: "configmap",
+        scope: Scope::Namespaced,
+        short_names: &["cm"],
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "Secret",
+        plural: "secrets",
+        singular: "secret",
+        scope: Scope::Namespaced,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: &["type"],
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "",
+        version: "v1",
+        kind: "ServiceAccount",
+        plural: "serviceaccounts",
+        singular: "serviceaccount",
+        scope: Scope::Namespaced,
+        short_names: &["sa"],
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "apps",
+        version: "v1",
+        kind: "Deployment",
+        plural: "deployments",
+        singular: "deployment",
+        scope: Scope::Namespaced,
+        short_names: &["deploy"],
+        categories: ALL,
+        subresources: &[Status, Scale],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Reset,
+    },
+    Resource {
+        group: "apps",
+        version: "v1",
+        kind: "ReplicaSet",
+        plural: "replicasets",
+        singular: "replicaset",
+        scope: Scope::Namespaced,
+        short_names: &["rs"],
+        categories: ALL,
+        subresources: &[Status, Scale],
+        fields: &["status.replicas"],
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Reset,
+    },
+    Resource {
+        group: "apps",
+        version: "v1",
+        kind: "DaemonSet",
+        plural: "daemonsets",
+        singular: "daemonset",
+        scope: Scope::Namespaced,
+        short_names: &["ds"],
+        categories: ALL,
+        subresources: &[Status],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Reset,
+    },
+    Resource {
+        group: "discovery.k8s.io",
+        version: "v1",
+        kind: "EndpointSlice",
+        plural: "endpointslices",
+        singular: "endpointslice",
+        scope: Scope::Namespaced,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "coordination.k8s.io",
+        version: "v1",
+        kind: "Lease",
+        plural: "leases",
+        singular: "lease",
+        scope: Scope::Namespaced,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+    Resource {
+        group: "events.k8s.io",
+        version: "v1",
+        kind: "Event",
+        plural: "events",
+        singular: "event",
+        scope: Scope::Namespaced,
+        short_names: &["ev"],
+        categories: NONE,
+        subresources: &[],
+        fields: &[
+            "regarding.kind",
+            "regarding.name",
+            "regarding.namespace",
+            "reason",
+            "type",
+        ],
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+    },
+];
+
+/// The groups in discovery order, each with its versions (only v1 today).
+pub fn groups() -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for r in RESOURCES {
+        if !r.group.is_empty() && !out.contains(&r.group) {
+            out.push(r.group);
+        }
+    }
+    out
+}
+
+/// The resource at `group/version/plural`.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The resource serving `apiVersion`/`kind`.
+pub fn by_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.kind == kind && r.api_version() == api_version)
+}
+
+/// Whether the server serves any resource in `group`/`version`.
+pub fn serves(group: &str, version: &str) -> bool {
+    RESOURCES
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_nest_by_namespace() {
+        let pods = find("", "v1", "pods").unwrap();
+        assert_eq!(pods.key(Some("default"), "web"), "/core/pods/default/web");
+        assert_eq!(pods.namespace_prefix(None), "/core/pods/");
+        let nodes = find("", "v1", "nodes").unwrap();
+        assert_eq!(nodes.key(None, "n1"), "/core/nodes/n1");
+        assert_eq!(
+            find("apps", "v1", "deployments").unwrap().api_version(),
+            "apps/v1"
+        );
+    }
+
+    #[test]
+    fn no_two_resources_share_a_store_prefix_unless_intended() {
+        for (i, a) in RESOURCES.iter().enumerate() {
+            for b in &RESOURCES[i + 1..] {
+                assert!(
+                    !a.prefix().starts_with(&b.prefix()) && !b.prefix().starts_with(&a.prefix()),
+                    "{} and {}",
+                    a.prefix(),
+                    b.prefix()
+                );
+            }
+            for f in a.indexed {
+                assert!(a.selectable_fields().contains(f), "{f} of {}", a.plural);
+            }
+        }
+    }
+}

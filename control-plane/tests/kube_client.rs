@@ -1,0 +1,320 @@
+//! The API server driven by the kube-rs client in-process: CRUD, optimistic concurrency,
+//! list pagination and selectors, watch resume and 410, and kube-rs's watcher and reflector.
+
+use std::time::Duration;
+
+use control_plane::apiserver::{Config, RunningServer, Server};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::Client;
+use serde_json::json;
+use skiff_tests::wait_until_async;
+
+struct Fixture {
+    server: RunningServer,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_with(f: impl FnOnce(&mut Config)) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    f(&mut config);
+    let server = Server::start(config).await.unwrap();
+    let client = client_for(&server).await;
+    Fixture {
+        server,
+        client,
+        _dir: dir,
+    }
+}
+
+async fn client_for(server: &RunningServer) -> Client {
+    let kc = Kubeconfig::read_from(server.kubeconfig_path()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"k": "v"},
+    }))
+    .unwrap()
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn crud_with_optimistic_concurrency() {
+    let f = start_with(|_| {}).await;
+    let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
+    let created = cms
+        .create(&PostParams::default(), &cm("a", json!({})))
+        .await
+        .unwrap();
+    let rv1 = created.metadata.resource_version.clone().unwrap();
+    assert!(created.metadata.uid.is_some());
+    assert!(created.metadata.creation_timestamp.is_some());
+
+    let got = cms.get("a").await.unwrap();
+    assert_eq!(got.data.unwrap()["k"], "v");
+
+    let mut upd = created.clone();
+    upd.data = Some([("k".to_string(), "w".to_string())].into());
+    let upd = cms
+        .replace("a", &PostParams::default(), &upd)
+        .await
+        .unwrap();
+    assert!(
+        upd.metadata
+            .resource_version
+            .as_deref()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > rv1.parse().unwrap()
+    );
+
+    // A write based on the old version is refused.
+    let mut stale = created.clone();
+    stale.data = Some([("k".to_string(), "x".to_string())].into());
+    let err = cms
+        .replace("a", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    match err {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (409, "Conflict")),
+        other => panic!("expected 409, got {other:?}"),
+    }
+
+    // Creating it again is AlreadyExists.
+    match cms
+        .create(&PostParams::default(), &cm("a", json!({})))
+        .await
+        .unwrap_err()
+    {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (409, "AlreadyExists")),
+        other => panic!("expected 409, got {other:?}"),
+    }
+
+    let patched = cms
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.labels.unwrap()["x"], "y");
+
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    match cms.get("a").await.unwrap_err() {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (404, "NotFound")),
+        other => panic!("expected 404, got {other:?}"),
+    }
+    f.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn lists_page_and_select() {
+    let f = start_with(|_| {}).await;
+    let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
+    for i in 0..7 {
+        let tier = if i % 2 == 0 { "even" } else { "odd" };
+        cms.create(
+            &PostParams::default(),
+            &cm(&format!("c{i}"), json!({"tier": tier})),
+        )
+        .await
+        .unwrap();
+    }
+    let mut names = Vec::new();
+    let mut lp = ListParams::default().limit(3);
+    loop {
+        let page = cms.list(&lp).await.unwrap();
+        assert!(page.items.len() <= 3);
+        names.extend(page.items.iter().map(|c| c.metadata.name.clone().unwrap()));
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+            _ => break,
+        }
+    }
+    assert_eq!(names, (0..7).map(|i| format!("c{i}")).collect::<Vec<_>>());
+    let even = cms
+        .list(&ListParams::default().labels("tier=even"))
+        .await
+        .unwrap();
+    assert_eq!(even.items.len(), 4);
+    let one = cms
+        .list(&ListParams::default().fields("metadata.name=c3"))
+        .await
+        .unwrap();
+    assert_eq!(one.items.len(), 1);
+    let all: Api<ConfigMap> = Api::all(f.client.clone());
+    assert_eq!(
+        all.list(&ListParams::default()).await.unwrap().items.len(),
+        7
+    );
+    f.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn watch_resumes_from_a_revision_and_expires_beyond_history() {
+    let f = start_with(|c| c.watch_history = 5).await;
+    let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
+    let first = cms
+        .create(&PostParams::default(), &cm("w0", json!({})))
+        .await
+        .unwrap();
+    let rv = first.metadata.resource_version.unwrap();
+    for i in 1..4 {
+        cms.create(&PostParams::default(), &cm(&format!("w{i}"), json!({})))
+            .await
+            .unwrap();
+    }
+    // From rv: exactly the three later creates, in order.
+    let mut s = cms
+        .watch(&WatchParams::default().timeout(5), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match s.try_next().await.unwrap().unwrap() {
+            WatchEvent::Added(c) => seen.push(c.metadata.name.unwrap()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["w1", "w2", "w3"]);
+    drop(s);
+    // Push rv out of the 5-event history: resuming there is 410 Expired.
+    for i in 4..10 {
+        cms.create(&PostParams::default(), &cm(&format!("w{i}"), json!({})))
+            .await
+            .unwrap();
+    }
+    let mut s = cms
+        .watch(&WatchParams::default().timeout(5), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    match s.try_next().await.unwrap().unwrap() {
+        WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected 410, got {other:?}"),
+    }
+    f.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn kube_runtime_watcher_and_reflector_follow_changes() {
+    let f = start_with(|c| c.bookmark_interval = Duration::from_millis(200)).await;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("before"))
+        .await
+        .unwrap();
+
+    let (reader, writer) = reflector::store::<Pod>();
+    let stream = reflector(writer, watcher(pods.clone(), watcher::Config::default()))
+        .applied_objects()
+        .boxed();
+    let task = tokio::spawn(async move {
+        stream
+            .for_each(|e| async move {
+                e.expect("watcher error");
+            })
+            .await;
+    });
+    let names = |r: &reflector::Store<Pod>| {
+        let mut n: Vec<String> = r
+            .state()
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    reader.wait_until_ready().await.unwrap();
+    assert_eq!(names(&reader), ["before"]);
+    pods.create(&PostParams::default(), &pod("after"))
+        .await
+        .unwrap();
+    wait_until_async(
+        "the reflector sees the new pod",
+        Duration::from_secs(10),
+        || async {
+            let n = names(&reader);
+            if n == ["after", "before"] {
+                Ok(())
+            } else {
+                Err(n)
+            }
+        },
+    )
+    .await;
+    pods.delete("before", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until_async(
+        "the reflector drops the deleted pod",
+        Duration::from_secs(10),
+        || async {
+            let n = names(&reader);
+            if n == ["after"] {
+                Ok(())
+            } else {
+                Err(n)
+            }
+        },
+    )
+    .await;
+    task.abort();
+    f.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn data_survives_a_restart_and_revisions_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    let server = Server::start(config.clone()).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client_for(&server).await, "default");
+    let a = cms
+        .create(&PostParams::default(), &cm("keep", json!({})))
+        .await
+        .unwrap();
+    server.shutdown().await;
+
+    let server = Server::start(config).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client_for(&server).await, "default");
+    let got = cms.get("keep").await.unwrap();
+    assert_eq!(got.metadata.uid, a.metadata.uid);
+    let b = cms
+        .create(&PostParams::default(), &cm("next", json!({})))
+        .await
+        .unwrap();
+    let rv = |c: &ConfigMap| {
+        c.metadata
+            .resource_version
+            .clone()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(rv(&b) > rv(&a), "revision continues after restart");
+    server.shutdown().await;
+}
