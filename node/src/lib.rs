@@ -12,3 +12,4 @@ pub mod containerd;
 pub mod cri;
 pub mod layout;
 pub mod names;
+pub mod pod;

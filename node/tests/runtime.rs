@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::TestRuntime;
+use common::{http_get, TestRuntime};
 use k8s_cri::v1 as cri;
 use skiff_tests::registry::ECHO_IMAGE;
 use std::time::Duration;
@@ -96,23 +96,4 @@ async fn containerd_is_restarted_when_it_dies_and_pods_survive() {
     );
     let body = http_get(&format!("{ip}:8080"), "/").await.unwrap();
     assert!(body.contains("pod=survivor"), "{body}");
-}
-
-/// A minimal HTTP GET over a fresh connection; the body on 200.
-async fn http_get(addr: &str, path: &str) -> Result<String, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .await
-        .map_err(|e| e.to_string())?;
-    match out.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
-        _ => Err(out),
-    }
 }

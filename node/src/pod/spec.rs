@@ -1,0 +1,218 @@
+//! A Pod object as CRI configurations: the sandbox (namespaces, cgroup parent, hostname, log
+//! directory, labels that let a restarted agent find its pods again) and each container
+//! (image, command, env, mounts, resources, security context).
+
+use super::NodeContext;
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Container, Pod, SecurityContext};
+use std::collections::HashMap;
+
+/// Sandbox and container labels (the kubelet's keys), used to adopt pods after a restart.
+pub const POD_NAME: &str = "io.kubernetes.pod.name";
+pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+pub const POD_UID: &str = "io.kubernetes.pod.uid";
+pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// Marks init containers, so adoption tells them from app containers of the same name.
+pub const CONTAINER_KIND: &str = "io.skiff.container.kind";
+
+/// Init or app container: they run at different times and report in different lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ContainerKind {
+    Init,
+    App,
+}
+
+impl ContainerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerKind::Init => "init",
+            ContainerKind::App => "app",
+        }
+    }
+
+    /// The Event `fieldPath` of a container of this kind.
+    pub fn field_path(self, name: &str) -> String {
+        match self {
+            ContainerKind::Init => format!("spec.initContainers{{{name}}}"),
+            ContainerKind::App => format!("spec.containers{{{name}}}"),
+        }
+    }
+}
+
+pub fn host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+fn pod_labels(pod: &Pod) -> HashMap<String, String> {
+    let m = &pod.metadata;
+    HashMap::from([
+        (POD_NAME.to_string(), m.name.clone().unwrap_or_default()),
+        (
+            POD_NAMESPACE.to_string(),
+            m.namespace.clone().unwrap_or_default(),
+        ),
+        (POD_UID.to_string(), m.uid.clone().unwrap_or_default()),
+    ])
+}
+
+fn namespaces(pod: &Pod) -> cri::NamespaceOption {
+    let spec = pod.spec.as_ref();
+    cri::NamespaceOption {
+        network: if host_network(pod) {
+            cri::NamespaceMode::Node
+        } else {
+            cri::NamespaceMode::Pod
+        } as i32,
+        pid: if spec
+            .and_then(|s| s.share_process_namespace)
+            .unwrap_or(false)
+        {
+            cri::NamespaceMode::Pod
+        } else {
+            cri::NamespaceMode::Container
+        } as i32,
+        ipc: if spec.and_then(|s| s.host_ipc).unwrap_or(false) {
+            cri::NamespaceMode::Node
+        } else {
+            cri::NamespaceMode::Pod
+        } as i32,
+        ..Default::default()
+    }
+}
+
+/// The sandbox configuration; `attempt` counts sandboxes made for this pod.
+pub fn sandbox_config(pod: &Pod, ctx: &NodeContext, attempt: u32) -> cri::PodSandboxConfig {
+    let m = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    let (ns, name, uid) = (
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default(),
+        m.uid.clone().unwrap_or_default(),
+    );
+    let hostname = if host_network(pod) {
+        String::new()
+    } else {
+        spec.and_then(|s| s.hostname.clone())
+            .unwrap_or_else(|| name.clone())
+    };
+    let privileged = spec.is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| {
+                c.security_context
+                    .as_ref()
+                    .and_then(|sc| sc.privileged)
+                    .unwrap_or(false)
+            })
+    });
+    let log_dir = ctx.layout.pod_log_dir(&ns, &name, &uid);
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name,
+            uid: uid.clone(),
+            namespace: ns,
+            attempt,
+        }),
+        hostname,
+        log_directory: log_dir.to_string_lossy().into_owned(),
+        labels: pod_labels(pod),
+        annotations: m
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: ctx.node.pod_cgroup(&uid),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces(pod)),
+                privileged,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Everything a container config needs besides the Pod and the spec.
+pub struct ContainerInputs {
+    pub kind: ContainerKind,
+    pub attempt: u32,
+    pub image: String,
+    pub env: Vec<(String, String)>,
+    pub mounts: Vec<cri::Mount>,
+}
+
+/// The log file of one container attempt, relative to the sandbox's log directory.
+pub fn log_path(container: &str, attempt: u32) -> String {
+    format!("{container}/{attempt}.log")
+}
+
+pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cri::ContainerConfig {
+    let mut labels = pod_labels(pod);
+    labels.insert(CONTAINER_NAME.into(), c.name.clone());
+    labels.insert(CONTAINER_KIND.into(), inputs.kind.as_str().into());
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = c.security_context.clone().unwrap_or_default();
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: inputs.attempt,
+        }),
+        image: Some(cri::ImageSpec {
+            image: inputs.image,
+            ..Default::default()
+        }),
+        command: c.command.clone().unwrap_or_default(),
+        args: c.args.clone().unwrap_or_default(),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: inputs
+            .env
+            .into_iter()
+            .map(|(key, value)| cri::KeyValue { key, value })
+            .collect(),
+        mounts: inputs.mounts,
+        labels,
+        log_path: log_path(&c.name, inputs.attempt),
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(super::resources::linux_resources(c)),
+            security_context: Some(security_context(
+                pod,
+                &sc,
+                pod_sc.and_then(|p| p.run_as_user),
+            )),
+        }),
+        ..Default::default()
+    }
+}
+
+fn security_context(
+    pod: &Pod,
+    sc: &SecurityContext,
+    pod_run_as_user: Option<i64>,
+) -> cri::LinuxContainerSecurityContext {
+    let caps = sc.capabilities.as_ref();
+    let names = |v: Option<&Vec<String>>| v.cloned().unwrap_or_default();
+    cri::LinuxContainerSecurityContext {
+        capabilities: Some(cri::Capability {
+            add_capabilities: names(caps.and_then(|c| c.add.as_ref())),
+            drop_capabilities: names(caps.and_then(|c| c.drop.as_ref())),
+            ..Default::default()
+        }),
+        privileged: sc.privileged.unwrap_or(false),
+        namespace_options: Some(namespaces(pod)),
+        run_as_user: sc
+            .run_as_user
+            .or(pod_run_as_user)
+            .map(|value| cri::Int64Value { value }),
+        run_as_group: sc.run_as_group.map(|value| cri::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        no_new_privs: sc.allow_privilege_escalation == Some(false),
+        ..Default::default()
+    }
+}

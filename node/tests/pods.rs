@@ -1,0 +1,489 @@
+//! The pod worker against a real containerd with the real images: each test drives workers
+//! with Pod objects directly and watches the statuses and events they report.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::ByteString;
+use serde_json::json;
+use skiff_tests::registry::ECHO_IMAGE;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_pod_runs_answers_on_its_ip_and_reports_events_in_order() {
+    let node = TestNode::start("echo").await;
+    let p = pod(json!({
+        "metadata": {"name": "web"},
+        "spec": {"containers": [{
+            "name": "echo", "image": ECHO_IMAGE,
+            "env": [
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+            ]
+        }]}
+    }));
+    let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "Running and Ready", T, |s| {
+        phase(s) == "Running" && condition(s, "Ready")
+    });
+    let ip = s.pod_ip.clone().expect("a pod IP");
+    let cidr: node::cni::Cidr = node.rt.subnet.cidr().parse().unwrap();
+    assert!(
+        cidr.contains(ip.parse().unwrap()),
+        "{ip} in the node's pod CIDR {cidr}"
+    );
+    let body =
+        skiff_tests::wait_until_async("echo answers", T, || http_get_owned(format!("{ip}:8080")))
+            .await;
+    assert_eq!(
+        body,
+        format!("pod=web namespace=default ip={ip} node={}\n", node.rt.node)
+    );
+    let c = container(&s, "echo").unwrap();
+    assert!(c.image_id.contains("sha256:"), "imageID {}", c.image_id);
+    assert_eq!(c.restart_count, 0);
+    assert_eq!(
+        node.reasons(&uid(&p)),
+        ["Pulling", "Pulled", "Created", "Started"]
+    );
+    assert!(s.start_time.is_some() && s.host_ip.as_deref() == Some("127.0.0.1"));
+}
+
+async fn http_get_owned(addr: String) -> Result<String, String> {
+    http_get(&addr, "/").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_containers_share_localhost_and_an_init_container_runs_first() {
+    let node = TestNode::start("shared").await;
+    let p = pod(json!({
+        "metadata": {"name": "pair"},
+        "spec": {
+            "volumes": [{"name": "work", "emptyDir": {}}],
+            "initContainers": [{
+                "name": "setup", "image": ECHO_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "args": ["write", "/work/setup", "init ran"],
+                "volumeMounts": [{"name": "work", "mountPath": "/work"}]
+            }],
+            "containers": [
+                {"name": "server", "image": ECHO_IMAGE, "env": [{"name": "POD_NAME", "value": "pair"}],
+                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+                {"name": "client", "image": ECHO_IMAGE, "env": [{"name": "PORT", "value": "8081"}]}
+            ]
+        }
+    }));
+    let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "both running", T, |s| {
+        phase(s) == "Running" && condition(s, "Ready")
+    });
+    assert!(condition(&s, "Initialized"));
+    let init = &s.init_container_statuses.as_ref().unwrap()[0];
+    let t = init
+        .state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .as_ref()
+        .expect("init terminated");
+    assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
+    let (code, out) = exec(&node, &s, "server", &["/echo", "cat", "/work/setup"]).await;
+    assert_eq!((code, out.as_str()), (0, "init ran"));
+    let (code, out) = exec(
+        &node,
+        &s,
+        "client",
+        &["/echo", "fetch", "http://127.0.0.1:8080/"],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("pod=pair "), "{out}");
+    let reasons = node.reasons(&uid(&p));
+    let first_app_start = reasons
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| *r == "Started")
+        .nth(1)
+        .unwrap()
+        .0;
+    let events = node.events(&uid(&p));
+    assert_eq!(
+        events
+            .iter()
+            .find(|e| e.reason.as_str() == "Started")
+            .unwrap()
+            .field_path
+            .as_deref(),
+        Some("spec.initContainers{setup}")
+    );
+    assert!(first_app_start > 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_liveness_probe_restarts_with_back_off() {
+    let node = TestNode::start("live").await;
+    let p = pod(json!({
+        "metadata": {"name": "sick"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "echo", "image": ECHO_IMAGE,
+            "livenessProbe": {"httpGet": {"path": "/env/NOT_SET", "port": 8080}, "periodSeconds": 1, "failureThreshold": 1}
+        }]}
+    }));
+    let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "two restarts", Duration::from_secs(60), |s| {
+        container(s, "echo").is_some_and(|c| c.restart_count >= 2)
+    });
+    let last = container(&s, "echo").unwrap().last_state.clone().unwrap();
+    assert!(
+        last.terminated.is_some(),
+        "lastState records the killed attempt"
+    );
+    let reasons = node.reasons(&uid(&p));
+    assert!(reasons.iter().any(|r| r == "Unhealthy"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "Killing"), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r == "BackOff"),
+        "the second restart backs off: {reasons:?}"
+    );
+    // The probe reaches the server and gets its 404 (early ones may find it not listening yet).
+    let events = node.events(&uid(&p));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_str() == "Unhealthy" && e.message.contains("statuscode: 404")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_probe_gates_the_ready_condition() {
+    let node = TestNode::start("ready").await;
+    let p = pod(json!({
+        "metadata": {"name": "gate"},
+        "spec": {"containers": [{
+            "name": "echo", "image": ECHO_IMAGE, "ports": [{"name": "http", "containerPort": 8080}],
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 1, "failureThreshold": 1}
+        }]}
+    }));
+    let _h = node.spawn(&p);
+    let u = uid(&p);
+    let s = node.wait_status(&u, "Ready", T, |s| condition(s, "Ready"));
+    let ip = s.pod_ip.clone().unwrap();
+    http_get(&format!("{ip}:8080"), "/control/unready")
+        .await
+        .unwrap();
+    let s = node.wait_status(&u, "not Ready", T, |s| !condition(s, "Ready"));
+    assert_eq!(phase(&s), "Running", "unready is still running");
+    assert!(!container(&s, "echo").unwrap().ready);
+    http_get(&format!("{ip}:8080"), "/control/ready")
+        .await
+        .unwrap();
+    node.wait_status(&u, "Ready again", T, |s| {
+        condition(s, "Ready") && condition(s, "ContainersReady")
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_image_ends_in_image_pull_back_off_with_the_error_in_an_event() {
+    let node = TestNode::start("badimg").await;
+    let p = pod(json!({
+        "metadata": {"name": "bad"},
+        "spec": {"containers": [{"name": "c", "image": "127.0.0.1:5000/skiff/does-not-exist:v1"}]}
+    }));
+    let _h = node.spawn(&p);
+    let u = uid(&p);
+    node.wait_status(&u, "ErrImagePull", T, |s| {
+        waiting_reason(s, "c").as_deref() == Some("ErrImagePull")
+    });
+    let s = node.wait_status(&u, "ImagePullBackOff", T, |s| {
+        waiting_reason(s, "c").as_deref() == Some("ImagePullBackOff")
+    });
+    assert_eq!(phase(&s), "Pending");
+    let failed = node
+        .events(&u)
+        .into_iter()
+        .find(|e| e.reason.as_str() == "Failed")
+        .expect("a Failed event");
+    assert!(
+        failed.message.contains("does-not-exist") && failed.message.contains("not found"),
+        "{}",
+        failed.message
+    );
+    assert!(node.reasons(&u).iter().any(|r| r == "BackOff"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_maps_and_secrets_reach_files_and_env() {
+    let node = TestNode::start("config").await;
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cfg", "namespace": "default"}, "data": {"greeting": "hello", "mode": "fast"}})).unwrap();
+    let mut secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "creds", "namespace": "default"}}))
+            .unwrap();
+    secret.data = Some([("password".to_string(), ByteString(b"s3cret".to_vec()))].into());
+    node.objects
+        .config_maps
+        .lock()
+        .unwrap()
+        .insert(("default".into(), "cfg".into()), cm);
+    node.objects
+        .secrets
+        .lock()
+        .unwrap()
+        .insert(("default".into(), "creds".into()), secret);
+    let p = pod(json!({
+        "metadata": {"name": "configured", "labels": {"app": "demo"}},
+        "spec": {
+            "volumes": [
+                {"name": "cfg", "configMap": {"name": "cfg"}},
+                {"name": "creds", "secret": {"secretName": "creds", "items": [{"key": "password", "path": "db/pw"}]}},
+                {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels['app']"}}]}}
+            ],
+            "containers": [{
+                "name": "c", "image": ECHO_IMAGE,
+                "securityContext": {"readOnlyRootFilesystem": true},
+                "env": [
+                    {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "greeting"}}},
+                    {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+                    {"name": "COMBINED", "value": "$(GREETING)-world"}
+                ],
+                "envFrom": [{"prefix": "CFG_", "configMapRef": {"name": "cfg"}}],
+                "volumeMounts": [
+                    {"name": "cfg", "mountPath": "/etc/cfg", "readOnly": true},
+                    {"name": "creds", "mountPath": "/etc/creds", "readOnly": true},
+                    {"name": "info", "mountPath": "/etc/info"}
+                ]
+            }]
+        }
+    }));
+    let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "Running", T, |s| phase(s) == "Running");
+    let (_, out) = exec(
+        &node,
+        &s,
+        "c",
+        &[
+            "/echo",
+            "cat",
+            "/etc/cfg/greeting",
+            "/etc/creds/db/pw",
+            "/etc/info/labels",
+        ],
+    )
+    .await;
+    assert_eq!(out, "hellos3cretdemo");
+    let (_, env) = exec(&node, &s, "c", &["/echo", "env"]).await;
+    for line in [
+        "GREETING=hello",
+        "PASSWORD=s3cret",
+        "COMBINED=hello-world",
+        "CFG_mode=fast",
+    ] {
+        assert!(env.lines().any(|l| l == line), "{line} in {env}");
+    }
+    let (code, _) = exec(&node, &s, "c", &["/echo", "write", "/tmp/x", "y"]).await;
+    assert_ne!(code, 0, "the root filesystem is read-only");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_config_map_gives_failed_mount_until_it_appears() {
+    let node = TestNode::start("mount").await;
+    let p = pod(json!({
+        "metadata": {"name": "waits"},
+        "spec": {"volumes": [{"name": "cfg", "configMap": {"name": "later"}}],
+                 "containers": [{"name": "c", "image": ECHO_IMAGE, "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}]}
+    }));
+    let _h = node.spawn(&p);
+    let u = uid(&p);
+    skiff_tests::wait_until("FailedMount", T, || {
+        let e = node.events(&u);
+        e.iter()
+            .find(|e| e.reason.as_str() == "FailedMount")
+            .cloned()
+            .ok_or(e)
+    });
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "later"}, "data": {"k": "v"}})).unwrap();
+    node.objects
+        .config_maps
+        .lock()
+        .unwrap()
+        .insert(("default".into(), "later".into()), cm);
+    node.wait_status(&u, "Running once the ConfigMap exists", T, |s| {
+        phase(s) == "Running"
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exceeding_the_memory_limit_ends_as_oom_killed() {
+    let node = TestNode::start("oom").await;
+    let p = pod(json!({
+        "metadata": {"name": "hog"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "c", "image": ECHO_IMAGE, "args": ["alloc", "256"],
+            "resources": {"limits": {"memory": "32Mi"}}
+        }]}
+    }));
+    let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "Failed", T, |s| phase(s) == "Failed");
+    let t = container(&s, "c")
+        .unwrap()
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!(t.reason.as_deref(), Some("OOMKilled"), "{t:?}");
+    assert_eq!(t.exit_code, 137);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_policy_never_and_on_failure() {
+    let node = TestNode::start("policy").await;
+    let done = pod(
+        json!({"metadata": {"name": "job"}, "spec": {"restartPolicy": "OnFailure",
+        "containers": [{"name": "c", "image": ECHO_IMAGE, "args": ["exit", "0"]}]}}),
+    );
+    let failing = pod(
+        json!({"metadata": {"name": "retry"}, "spec": {"restartPolicy": "OnFailure",
+        "containers": [{"name": "c", "image": ECHO_IMAGE, "args": ["exit", "3"]}]}}),
+    );
+    let _a = node.spawn(&done);
+    let _b = node.spawn(&failing);
+    let s = node.wait_status(&uid(&done), "Succeeded", T, |s| phase(s) == "Succeeded");
+    assert_eq!(container(&s, "c").unwrap().restart_count, 0);
+    let s = node.wait_status(&uid(&failing), "restarted", T, |s| {
+        container(s, "c").is_some_and(|c| c.restart_count >= 2)
+    });
+    let last = container(&s, "c")
+        .unwrap()
+        .last_state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!((last.exit_code, last.reason.as_deref()), (3, Some("Error")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_worker_adopts_running_containers() {
+    let node = TestNode::start("adopt").await;
+    let p = pod(
+        json!({"metadata": {"name": "keeper"}, "spec": {"containers": [{"name": "c", "image": ECHO_IMAGE}]}}),
+    );
+    let u = uid(&p);
+    let h = node.spawn(&p);
+    let before = node.wait_status(&u, "Running", T, |s| {
+        phase(s) == "Running" && condition(s, "Ready")
+    });
+    // The agent dies: its worker is gone, the runtime keeps running.
+    h.task.abort();
+    let _ = h.task.await;
+    node.collector.statuses.lock().unwrap().clear();
+    let events_before = node.events(&u).len();
+    let mut adopted = p.clone();
+    adopted.status = Some(before.clone());
+    let _h = node.spawn(&adopted);
+    let after = node.wait_status(&u, "reported again", T, |s| {
+        phase(s) == "Running" && condition(s, "Ready")
+    });
+    let id =
+        |s: &k8s_openapi::api::core::v1::PodStatus| container(s, "c").unwrap().container_id.clone();
+    assert_eq!(id(&after), id(&before), "same container");
+    assert_eq!(after.pod_ip, before.pod_ip);
+    assert_eq!(after.start_time, before.start_time);
+    assert_eq!(container(&after, "c").unwrap().restart_count, 0);
+    assert_eq!(
+        node.events(&u).len(),
+        events_before,
+        "nothing was created or started again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deletion_stops_within_the_grace_period_and_removes_everything() {
+    let node = TestNode::start("delete").await;
+    let stubborn = pod(
+        json!({"metadata": {"name": "stubborn"}, "spec": {"terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "c", "image": ECHO_IMAGE, "env": [{"name": "IGNORE_SIGTERM", "value": "1"}]}]}}),
+    );
+    let polite = pod(
+        json!({"metadata": {"name": "polite"}, "spec": {"terminationGracePeriodSeconds": 30,
+        "containers": [{"name": "c", "image": ECHO_IMAGE}]}}),
+    );
+    let hs = node.spawn(&stubborn);
+    let hp = node.spawn(&polite);
+    for p in [&stubborn, &polite] {
+        node.wait_status(&uid(p), "Running", T, |s| phase(s) == "Running");
+    }
+    for (h, p) in [(&hs, &stubborn), (&hp, &polite)] {
+        let mut deleted = p.clone();
+        deleted.metadata.deletion_timestamp = Some(node::pod::now());
+        h.pod.send_replace(deleted);
+    }
+    skiff_tests::wait_until("polite pod terminated", T, || {
+        node.collector
+            .terminated
+            .lock()
+            .unwrap()
+            .contains(&uid(&polite))
+            .then_some(())
+            .ok_or(())
+    });
+    skiff_tests::wait_until("stubborn pod terminated", T, || {
+        node.collector
+            .terminated
+            .lock()
+            .unwrap()
+            .contains(&uid(&stubborn))
+            .then_some(())
+            .ok_or(())
+    });
+    // The stubborn one ignored SIGTERM and was SIGKILLed after its grace period; the polite
+    // one exited on SIGTERM.
+    let exit = |p: &k8s_openapi::api::core::v1::Pod| {
+        let s = node.status(&uid(p)).unwrap();
+        container(&s, "c")
+            .unwrap()
+            .state
+            .clone()
+            .unwrap()
+            .terminated
+            .unwrap()
+            .exit_code
+    };
+    assert_eq!(exit(&stubborn), 137);
+    assert_eq!(exit(&polite), 0);
+    let left = node
+        .rt
+        .cri
+        .list_pod_sandboxes(Default::default())
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "no sandbox left: {left:?}");
+    assert!(!node.rt.layout.pod_dir(&uid(&polite)).exists());
+    assert!(node.reasons(&uid(&stubborn)).iter().any(|r| r == "Killing"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_network_pods_use_the_node_address() {
+    let node = TestNode::start("hostnet").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let p = pod(
+        json!({"metadata": {"name": "hostnet"}, "spec": {"hostNetwork": true,
+        "containers": [{"name": "c", "image": ECHO_IMAGE, "env": [{"name": "PORT", "value": port.to_string()}, {"name": "POD_NAME", "value": "hostnet"}],
+            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1}}]}}),
+    );
+    let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "Ready", T, |s| condition(s, "Ready"));
+    assert_eq!(s.pod_ip.as_deref(), Some("127.0.0.1"));
+    let body = http_get(&format!("127.0.0.1:{port}"), "/").await.unwrap();
+    assert!(body.starts_with("pod=hostnet"), "{body}");
+}
