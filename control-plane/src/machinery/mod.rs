@@ -7,15 +7,19 @@
 
 pub mod duration;
 pub mod group_kind;
+pub mod kinds;
 pub mod patch;
 pub mod quantity;
 pub mod selectors;
 pub mod status;
 pub mod strict;
+pub mod table;
 pub mod validation;
 
 pub use group_kind::GroupKind;
+pub use kinds::{rules, KindRules};
 pub use patch::PatchType;
 pub use quantity::Quantity;
 pub use selectors::{FieldRequirement, FieldSelector, LabelSelector};
 pub use status::{ApiError, CauseType, FieldError, Reason};
+pub use table::TableColumnDefinition;

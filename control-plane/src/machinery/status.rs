@@ -68,6 +68,10 @@ pub enum CauseType {
     TypeInvalid,
     /// `FieldValueUnknown` (strict field validation)
     Unknown,
+    /// `FieldValueNotFound` (a reference to something that does not exist)
+    NotFound,
+    /// `FieldValueTooMany`
+    TooMany,
 }
 
 impl CauseType {
@@ -81,6 +85,8 @@ impl CauseType {
             CauseType::TooLong => "FieldValueTooLong",
             CauseType::TypeInvalid => "FieldValueTypeInvalid",
             CauseType::Unknown => "FieldValueUnknown",
+            CauseType::NotFound => "FieldValueNotFound",
+            CauseType::TooMany => "FieldValueTooMany",
         }
     }
 }
@@ -114,6 +120,55 @@ impl FieldError {
     }
     pub fn immutable(field: impl Into<String>) -> Self {
         FieldError::new(CauseType::Invalid, field, "field is immutable")
+    }
+    /// `Unsupported value: "x": supported values: "a", "b"`
+    pub fn not_supported(field: impl Into<String>, value: &str, supported: &[&str]) -> Self {
+        let list: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
+        FieldError::new(
+            CauseType::NotSupported,
+            field,
+            format!(
+                "Unsupported value: \"{value}\": supported values: {}",
+                list.join(", ")
+            ),
+        )
+    }
+    /// `Forbidden: why`
+    pub fn forbidden(field: impl Into<String>, why: &str) -> Self {
+        FieldError::new(CauseType::Forbidden, field, format!("Forbidden: {why}"))
+    }
+    /// `Duplicate value: "x"`
+    pub fn duplicate(field: impl Into<String>, value: impl std::fmt::Display) -> Self {
+        FieldError::new(
+            CauseType::Duplicate,
+            field,
+            format!("Duplicate value: \"{value}\""),
+        )
+    }
+    /// `Not found: "x"`
+    pub fn not_found(field: impl Into<String>, value: impl std::fmt::Display) -> Self {
+        FieldError::new(
+            CauseType::NotFound,
+            field,
+            format!("Not found: \"{value}\""),
+        )
+    }
+    /// `Too long: may not be more than N bytes`
+    pub fn too_long(field: impl Into<String>, max: usize) -> Self {
+        FieldError::new(
+            CauseType::TooLong,
+            field,
+            format!("Too long: may not be more than {max} bytes"),
+        )
+    }
+    /// A number out of range: `Invalid value: 0: must be between 1 and 65535, inclusive`
+    /// (Kubernetes quotes strings but not numbers).
+    pub fn invalid_number(field: impl Into<String>, value: i64, why: &str) -> Self {
+        FieldError::new(
+            CauseType::Invalid,
+            field,
+            format!("Invalid value: {value}: {why}"),
+        )
     }
     pub fn unknown(field: impl Into<String>) -> Self {
         FieldError::new(CauseType::Unknown, field, "unknown field")

@@ -1,0 +1,327 @@
+//! Per-kind rules, one registration each: defaulting, validation, kubectl's table columns
+//! and rows, and field-selector values. A file per kind family; `rules()` is the registry
+//! the API server consults by group and kind.
+//!
+//! Every function works on the JSON object (as stored and served) and decodes into the
+//! k8s-openapi type inside where that helps.
+
+mod apps;
+mod autoscaling;
+mod common;
+mod coordination;
+mod core;
+mod discovery;
+mod events;
+mod node;
+mod pod;
+mod service;
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+
+use super::status::FieldError;
+use super::table::TableColumnDefinition;
+
+pub use common::{format_labels, format_selector};
+pub use pod::{
+    add_default_tolerations, default_pod_spec, default_pull_policy, qos_class, validate_pod_spec,
+    validate_toleration, DEFAULT_TOLERATION_SECONDS,
+};
+
+/// What the API server does with one kind beyond storing it.
+pub struct KindRules {
+    /// Kubernetes' defaulters (and the stateless admission defaults) for a create or update
+    /// body. Allocation of cluster IPs and node ports is the server's, not this.
+    pub default: fn(&mut Value),
+    /// Validation of `new`; `old` is the stored object on update (immutable fields).
+    pub validate: fn(new: &Value, old: Option<&Value>) -> Vec<FieldError>,
+    /// kubectl's columns for `get`; wide ones have priority 1.
+    pub columns: fn() -> Vec<TableColumnDefinition>,
+    /// One Table row's cells, aligned with `columns`, ages relative to `now`.
+    pub row: fn(&Value, now: Timestamp) -> Vec<Value>,
+    /// The value of a field-selector field, or None when the kind does not support it
+    /// (the server answers 400 then, as Kubernetes does).
+    pub field: fn(&Value, &str) -> Option<String>,
+}
+
+fn no_defaults(_: &mut Value) {}
+
+static NAMESPACE: KindRules = KindRules {
+    default: core::default_namespace,
+    validate: core::validate_namespace,
+    columns: core::namespace_columns,
+    row: core::namespace_row,
+    field: core::namespace_field,
+};
+static POD: KindRules = KindRules {
+    default: pod::default,
+    validate: pod::validate,
+    columns: pod::columns,
+    row: pod::row,
+    field: pod::field,
+};
+static SERVICE: KindRules = KindRules {
+    default: service::default,
+    validate: service::validate,
+    columns: service::columns,
+    row: service::row,
+    field: service::field,
+};
+static ENDPOINTS: KindRules = KindRules {
+    default: core::default_endpoints,
+    validate: core::validate_endpoints,
+    columns: core::endpoints_columns,
+    row: core::endpoints_row,
+    field: common::meta_field,
+};
+static NODE: KindRules = KindRules {
+    default: node::default,
+    validate: node::validate,
+    columns: node::columns,
+    row: node::row,
+    field: node::field,
+};
+static EVENT: KindRules = KindRules {
+    default: no_defaults,
+    validate: events::validate_core,
+    columns: events::columns,
+    row: events::core_row,
+    field: events::core_field,
+};
+static CONFIG_MAP: KindRules = KindRules {
+    default: no_defaults,
+    validate: core::validate_config_map,
+    columns: core::config_map_columns,
+    row: core::config_map_row,
+    field: common::meta_field,
+};
+static SECRET: KindRules = KindRules {
+    default: core::default_secret,
+    validate: core::validate_secret,
+    columns: core::secret_columns,
+    row: core::secret_row,
+    field: core::secret_field,
+};
+static SERVICE_ACCOUNT: KindRules = KindRules {
+    default: no_defaults,
+    validate: core::validate_service_account,
+    columns: core::service_account_columns,
+    row: core::service_account_row,
+    field: common::meta_field,
+};
+static BINDING: KindRules = KindRules {
+    default: no_defaults,
+    validate: core::validate_binding,
+    columns: common::default_columns,
+    row: common::default_row,
+    field: common::meta_field,
+};
+static DEPLOYMENT: KindRules = KindRules {
+    default: apps::default_deployment,
+    validate: apps::validate_deployment,
+    columns: apps::deployment_columns,
+    row: apps::deployment_row,
+    field: common::meta_field,
+};
+static REPLICA_SET: KindRules = KindRules {
+    default: apps::default_replica_set,
+    validate: apps::validate_replica_set,
+    columns: apps::replica_set_columns,
+    row: apps::replica_set_row,
+    field: apps::replica_set_field,
+};
+static DAEMON_SET: KindRules = KindRules {
+    default: apps::default_daemon_set,
+    validate: apps::validate_daemon_set,
+    columns: apps::daemon_set_columns,
+    row: apps::daemon_set_row,
+    field: common::meta_field,
+};
+static ENDPOINT_SLICE: KindRules = KindRules {
+    default: discovery::default,
+    validate: discovery::validate,
+    columns: discovery::columns,
+    row: discovery::row,
+    field: common::meta_field,
+};
+static LEASE: KindRules = KindRules {
+    default: no_defaults,
+    validate: coordination::validate,
+    columns: coordination::columns,
+    row: coordination::row,
+    field: common::meta_field,
+};
+static EVENTS_V1_EVENT: KindRules = KindRules {
+    default: no_defaults,
+    validate: events::validate_events_v1,
+    columns: events::columns,
+    row: events::events_v1_row,
+    field: events::events_v1_field,
+};
+static SCALE: KindRules = KindRules {
+    default: no_defaults,
+    validate: autoscaling::validate,
+    columns: common::default_columns,
+    row: common::default_row,
+    field: common::meta_field,
+};
+
+/// The rules of a kind skiff serves (group "" is core), or None.
+pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
+    Some(match (group, kind) {
+        ("", "Namespace") => &NAMESPACE,
+        ("", "Pod") => &POD,
+        ("", "Service") => &SERVICE,
+        ("", "Endpoints") => &ENDPOINTS,
+        ("", "Node") => &NODE,
+        ("", "Event") => &EVENT,
+        ("", "ConfigMap") => &CONFIG_MAP,
+        ("", "Secret") => &SECRET,
+        ("", "ServiceAccount") => &SERVICE_ACCOUNT,
+        ("", "Binding") => &BINDING,
+        ("apps", "Deployment") => &DEPLOYMENT,
+        ("apps", "ReplicaSet") => &REPLICA_SET,
+        ("apps", "DaemonSet") => &DAEMON_SET,
+        ("discovery.k8s.io", "EndpointSlice") => &ENDPOINT_SLICE,
+        ("coordination.k8s.io", "Lease") => &LEASE,
+        ("events.k8s.io", "Event") => &EVENTS_V1_EVENT,
+        ("autoscaling", "Scale") => &SCALE,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(super) fn now() -> Timestamp {
+        "2025-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    /// A minimal valid object of each served kind, as a client would send it.
+    pub(super) fn minimal(group: &str, kind: &str) -> Value {
+        let api_version = if group.is_empty() {
+            "v1".to_string()
+        } else if group == "autoscaling" {
+            "autoscaling/v1".into()
+        } else {
+            format!("{group}/v1")
+        };
+        let namespaced = !matches!(kind, "Namespace" | "Node");
+        let mut v = json!({
+            "apiVersion": api_version, "kind": kind,
+            "metadata": {"name": "web", "creationTimestamp": "2025-01-01T11:55:00Z"}
+        });
+        if namespaced {
+            v["metadata"]["namespace"] = json!("default");
+        }
+        let template = json!({
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "nginx", "image": "nginx:1.27"}]}
+        });
+        match (group, kind) {
+            ("", "Pod") => v["spec"] = template["spec"].clone(),
+            ("", "Service") => {
+                v["spec"] = json!({"selector": {"app": "web"}, "ports": [{"port": 80}]})
+            }
+            ("", "Event") => {
+                v["involvedObject"] =
+                    json!({"kind": "Pod", "name": "web-1", "namespace": "default"});
+                v["reason"] = json!("Scheduled");
+                v["message"] = json!("Successfully assigned default/web-1 to node-1");
+                v["type"] = json!("Normal");
+            }
+            ("", "Binding") => v["target"] = json!({"kind": "Node", "name": "node-1"}),
+            ("apps", "Deployment" | "ReplicaSet" | "DaemonSet") => {
+                v["spec"] =
+                    json!({"selector": {"matchLabels": {"app": "web"}}, "template": template})
+            }
+            ("discovery.k8s.io", "EndpointSlice") => {
+                v["addressType"] = json!("IPv4");
+                v["endpoints"] = json!([{"addresses": ["10.244.1.5"]}]);
+                v["ports"] = json!([{"port": 8080}]);
+            }
+            ("events.k8s.io", "Event") => {
+                v["eventTime"] = json!("2025-01-01T11:59:55.000000Z");
+                v["regarding"] = json!({"kind": "Pod", "name": "web-1", "namespace": "default"});
+                v["reason"] = json!("Scheduled");
+                v["action"] = json!("Binding");
+                v["reportingController"] = json!("default-scheduler");
+                v["reportingInstance"] = json!("default-scheduler-1");
+                v["type"] = json!("Normal");
+                v["note"] = json!("Successfully assigned default/web-1 to node-1");
+            }
+            ("autoscaling", "Scale") => v["spec"] = json!({"replicas": 3}),
+            _ => {}
+        }
+        v
+    }
+
+    pub(super) const SERVED: &[(&str, &str)] = &[
+        ("", "Namespace"),
+        ("", "Pod"),
+        ("", "Service"),
+        ("", "Endpoints"),
+        ("", "Node"),
+        ("", "Event"),
+        ("", "ConfigMap"),
+        ("", "Secret"),
+        ("", "ServiceAccount"),
+        ("", "Binding"),
+        ("apps", "Deployment"),
+        ("apps", "ReplicaSet"),
+        ("apps", "DaemonSet"),
+        ("discovery.k8s.io", "EndpointSlice"),
+        ("coordination.k8s.io", "Lease"),
+        ("events.k8s.io", "Event"),
+        ("autoscaling", "Scale"),
+    ];
+
+    #[test]
+    fn every_served_kind_is_registered_and_consistent() {
+        for &(group, kind) in SERVED {
+            let r = rules(group, kind).unwrap_or_else(|| panic!("{group}/{kind}"));
+            let mut v = minimal(group, kind);
+            (r.default)(&mut v);
+            assert_eq!(v["kind"], kind, "defaulting keeps the kind");
+            let errs = (r.validate)(&v, None);
+            assert!(errs.is_empty(), "{group}/{kind}: {errs:?}");
+            assert!(
+                (r.validate)(&v, Some(&v)).is_empty(),
+                "{group}/{kind} update"
+            );
+            let columns = (r.columns)();
+            let row = (r.row)(&v, now());
+            assert_eq!(row.len(), columns.len(), "{group}/{kind} row width");
+            assert_eq!(
+                columns.iter().filter(|c| c.format == "name").count(),
+                1,
+                "{group}/{kind}"
+            );
+            assert_eq!((r.field)(&v, "metadata.name").as_deref(), Some("web"));
+            assert_eq!((r.field)(&v, "no.such.field"), None);
+            // Defaulting is idempotent.
+            let mut again = v.clone();
+            (r.default)(&mut again);
+            assert_eq!(again, v, "{group}/{kind}");
+        }
+        assert!(rules("apps", "StatefulSet").is_none());
+    }
+
+    #[test]
+    fn a_bad_body_is_a_validation_error_not_a_panic() {
+        for &(group, kind) in SERVED {
+            let r = rules(group, kind).unwrap();
+            let mut bad = json!({"metadata": {"name": 5}, "spec": "nope"});
+            (r.default)(&mut bad);
+            assert!(!(r.validate)(&bad, None).is_empty(), "{group}/{kind}");
+            let row = (r.row)(&bad, now());
+            assert!(!row.is_empty());
+            assert_eq!(
+                (r.field)(&json!(null), "metadata.name").as_deref(),
+                Some("")
+            );
+        }
+    }
+}

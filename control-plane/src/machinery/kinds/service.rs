@@ -1,0 +1,352 @@
+//! core/v1 Service: defaults (type ClusterIP, sessionAffinity None, TCP, targetPort = port,
+//! traffic policies, IP families), validation (DNS-1035 names, ports, types, cluster IPs that
+//! may not change once set), kubectl's columns and the Service field selectors. Allocating
+//! cluster IPs and node ports is the server's job, not this module's.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{
+    ClientIPConfig, Service, ServicePort, ServiceSpec, SessionAffinityConfig,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+
+use super::common::{
+    age_cell, decode, default_row, default_typed, format_labels, is_ip, meta_errors, meta_field,
+    name_cell, port_name_errors, scalar_at, validate_typed, IP_MSG, PORT_RANGE_MSG, PROTOCOLS,
+};
+use crate::machinery::status::FieldError;
+use crate::machinery::table::{ColumnType, TableColumnDefinition};
+use crate::machinery::validation::{
+    dns1123_label_errors, dns1123_subdomain_errors, immutable_value, invalid_each, validate_labels,
+    FieldPath, NameRule, Scope,
+};
+
+const TYPES: &[&str] = &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"];
+const AFFINITIES: &[&str] = &["ClientIP", "None"];
+const TRAFFIC_POLICIES: &[&str] = &["Cluster", "Local"];
+/// Kubernetes' default ClientIP affinity timeout (3 hours).
+const DEFAULT_AFFINITY_TIMEOUT: i32 = 10800;
+
+pub fn default(v: &mut Value) {
+    default_typed(v, |svc: &mut Service| {
+        let spec = svc.spec.get_or_insert_with(ServiceSpec::default);
+        let kind = spec.type_.get_or_insert_with(|| "ClusterIP".into()).clone();
+        let affinity = spec
+            .session_affinity
+            .get_or_insert_with(|| "None".into())
+            .clone();
+        if affinity == "ClientIP" {
+            let cfg = spec
+                .session_affinity_config
+                .get_or_insert_with(SessionAffinityConfig::default);
+            let ip = cfg.client_ip.get_or_insert_with(ClientIPConfig::default);
+            ip.timeout_seconds.get_or_insert(DEFAULT_AFFINITY_TIMEOUT);
+        }
+        for p in spec.ports.iter_mut().flatten() {
+            p.protocol.get_or_insert_with(|| "TCP".into());
+            let unset = match &p.target_port {
+                None => true,
+                Some(IntOrString::Int(0)) => true,
+                Some(IntOrString::String(s)) => s.is_empty(),
+                _ => false,
+            };
+            if unset {
+                p.target_port = Some(IntOrString::Int(p.port));
+            }
+        }
+        if kind == "ExternalName" {
+            return;
+        }
+        spec.internal_traffic_policy
+            .get_or_insert_with(|| "Cluster".into());
+        if kind == "NodePort" || kind == "LoadBalancer" {
+            spec.external_traffic_policy
+                .get_or_insert_with(|| "Cluster".into());
+        }
+        if kind == "LoadBalancer" {
+            spec.allocate_load_balancer_node_ports.get_or_insert(true);
+        }
+        let cluster_ip = spec.cluster_ip.clone().filter(|ip| !ip.is_empty());
+        if let Some(ip) = &cluster_ip {
+            if spec.cluster_ips.as_ref().is_none_or(Vec::is_empty) {
+                spec.cluster_ips = Some(vec![ip.clone()]);
+            }
+        }
+        let family = match cluster_ip.as_deref() {
+            Some(ip) if ip.contains(':') => "IPv6",
+            _ => "IPv4",
+        };
+        spec.ip_families.get_or_insert_with(|| vec![family.into()]);
+        spec.ip_family_policy
+            .get_or_insert_with(|| "SingleStack".into());
+    });
+}
+
+pub fn validate(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    validate_typed(new, old, |new: &Service, old: Option<&Service>| {
+        let mut errs = meta_errors(
+            &new.metadata,
+            old.map(|o| &o.metadata),
+            Scope::Namespaced,
+            NameRule::Dns1035Label,
+        );
+        let path = FieldPath::new("spec");
+        let spec = new.spec.clone().unwrap_or_default();
+        let kind = spec.type_.as_deref().unwrap_or("ClusterIP");
+        if !TYPES.contains(&kind) {
+            errs.push(FieldError::not_supported(path.child("type"), kind, TYPES));
+        }
+        let cluster_ip = spec.cluster_ip.as_deref().unwrap_or("");
+        let headless = cluster_ip == "None";
+        let ports = spec.ports.as_deref().unwrap_or(&[]);
+        if ports.is_empty() && kind != "ExternalName" && !headless {
+            errs.push(FieldError::required(path.child("ports")));
+        }
+        errs.extend(validate_ports(ports, kind, &path));
+        if kind == "ExternalName" {
+            let name = spec.external_name.as_deref().unwrap_or("");
+            if name.is_empty() {
+                errs.push(FieldError::required(path.child("externalName")));
+            } else {
+                errs.extend(invalid_each(
+                    &path.child("externalName"),
+                    name,
+                    dns1123_subdomain_errors(name.trim_end_matches('.')),
+                ));
+            }
+        } else if !cluster_ip.is_empty() && !headless && !is_ip(cluster_ip) {
+            errs.push(FieldError::invalid(
+                path.child("clusterIPs").index(0),
+                cluster_ip,
+                IP_MSG,
+            ));
+        }
+        if let Some(a) = spec.session_affinity.as_deref() {
+            if !AFFINITIES.contains(&a) {
+                errs.push(FieldError::not_supported(
+                    path.child("sessionAffinity"),
+                    a,
+                    AFFINITIES,
+                ));
+            }
+        }
+        if let Some(t) = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+        {
+            if !(1..=86400).contains(&t) {
+                errs.push(FieldError::invalid_number(
+                    path.child("sessionAffinityConfig")
+                        .child("clientIP")
+                        .child("timeoutSeconds"),
+                    t.into(),
+                    "must be greater than 0 and less than 86400",
+                ));
+            }
+        }
+        for (field, value) in [
+            ("externalTrafficPolicy", &spec.external_traffic_policy),
+            ("internalTrafficPolicy", &spec.internal_traffic_policy),
+        ] {
+            if let Some(p) = value.as_deref() {
+                if !TRAFFIC_POLICIES.contains(&p) {
+                    errs.push(FieldError::not_supported(
+                        path.child(field),
+                        p,
+                        TRAFFIC_POLICIES,
+                    ));
+                }
+            }
+        }
+        if let Some(sel) = spec.selector.as_ref() {
+            errs.extend(validate_labels(sel, &path.child("selector")));
+        }
+        for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
+            if !is_ip(ip) {
+                errs.push(FieldError::invalid(
+                    path.child("externalIPs").index(i),
+                    ip,
+                    IP_MSG,
+                ));
+            }
+        }
+        if let Some(old) = old {
+            let old_spec = old.spec.clone().unwrap_or_default();
+            let old_ip = old_spec.cluster_ip.as_deref().unwrap_or("");
+            let old_kind = old_spec.type_.as_deref().unwrap_or("ClusterIP");
+            // Changing to or from ExternalName releases or allocates the IP; otherwise a set IP
+            // stays. An empty new IP keeps the old one (the server carries it over).
+            let allowed = old_ip.is_empty()
+                || cluster_ip.is_empty()
+                || kind == "ExternalName"
+                || old_kind == "ExternalName";
+            if !allowed && cluster_ip != old_ip {
+                errs.push(immutable_value(path.child("clusterIP"), cluster_ip));
+            }
+        }
+        errs
+    })
+}
+
+fn validate_ports(ports: &[ServicePort], kind: &str, path: &FieldPath) -> Vec<FieldError> {
+    let mut errs = vec![];
+    let mut names = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        let pp = path.child("ports").index(i);
+        match p.name.as_deref().filter(|n| !n.is_empty()) {
+            None if ports.len() > 1 => errs.push(FieldError::required(pp.child("name"))),
+            None => {}
+            Some(n) => {
+                errs.extend(invalid_each(&pp.child("name"), n, dns1123_label_errors(n)));
+                if !names.insert(n) {
+                    errs.push(FieldError::duplicate(pp.child("name"), n));
+                }
+            }
+        }
+        if !(1..=65535).contains(&p.port) {
+            errs.push(FieldError::invalid_number(
+                pp.child("port"),
+                p.port.into(),
+                PORT_RANGE_MSG,
+            ));
+        }
+        let protocol = p.protocol.as_deref().unwrap_or("TCP");
+        if !PROTOCOLS.contains(&protocol) {
+            errs.push(FieldError::not_supported(
+                pp.child("protocol"),
+                protocol,
+                PROTOCOLS,
+            ));
+        }
+        if !seen.insert((p.port, protocol)) {
+            errs.push(FieldError::duplicate(&pp, format!("{}/{protocol}", p.port)));
+        }
+        match &p.target_port {
+            Some(IntOrString::Int(t)) if !(1..=65535).contains(t) => errs.push(
+                FieldError::invalid_number(pp.child("targetPort"), (*t).into(), PORT_RANGE_MSG),
+            ),
+            Some(IntOrString::String(s)) => errs.extend(invalid_each(
+                &pp.child("targetPort"),
+                s,
+                port_name_errors(s),
+            )),
+            _ => {}
+        }
+        if let Some(np) = p.node_port.filter(|n| *n != 0) {
+            if kind == "ClusterIP" || kind == "ExternalName" {
+                errs.push(FieldError::forbidden(
+                    pp.child("nodePort"),
+                    &format!("may not be used when `type` is '{kind}'"),
+                ));
+            } else if !(1..=65535).contains(&np) {
+                errs.push(FieldError::invalid_number(
+                    pp.child("nodePort"),
+                    np.into(),
+                    PORT_RANGE_MSG,
+                ));
+            }
+        }
+    }
+    errs
+}
+
+pub fn columns() -> Vec<TableColumnDefinition> {
+    use ColumnType::String as S;
+    vec![
+        TableColumnDefinition::name_column(),
+        TableColumnDefinition::new("Type", S, "type determines how the Service is exposed."),
+        TableColumnDefinition::new("Cluster-IP", S, "clusterIP is the IP address of the service and is usually assigned randomly."),
+        TableColumnDefinition::new("External-IP", S, "externalIPs is a list of IP addresses for which nodes in the cluster will also accept traffic for this service."),
+        TableColumnDefinition::new("Port(s)", S, "The list of ports that are exposed by this service."),
+        TableColumnDefinition::age_column(),
+        TableColumnDefinition::new("Selector", S, "Route service traffic to pods with label keys and values matching this selector.").wide(),
+    ]
+}
+
+/// kubectl's `printService`.
+pub fn row(v: &Value, now: Timestamp) -> Vec<Value> {
+    let Ok(svc) = decode::<Service>(v) else {
+        return default_row(v, now);
+    };
+    let spec = svc.spec.clone().unwrap_or_default();
+    let kind = spec.type_.clone().unwrap_or_default();
+    let cluster_ip = spec
+        .cluster_ips
+        .as_ref()
+        .and_then(|ips| ips.first().cloned())
+        .or(spec.cluster_ip.clone())
+        .filter(|ip| !ip.is_empty())
+        .unwrap_or_else(|| "<none>".into());
+    let ports: Vec<String> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            let proto = p.protocol.as_deref().unwrap_or("TCP");
+            match p.node_port.filter(|n| *n > 0) {
+                Some(np) => format!("{}:{np}/{proto}", p.port),
+                None => format!("{}/{proto}", p.port),
+            }
+        })
+        .collect();
+    let ports = if ports.is_empty() {
+        "<none>".to_string()
+    } else {
+        ports.join(",")
+    };
+    vec![
+        name_cell(&svc.metadata),
+        Value::from(kind),
+        Value::from(cluster_ip),
+        Value::from(external_ip(&svc)),
+        Value::from(ports),
+        age_cell(&svc.metadata, now),
+        Value::from(format_labels(spec.selector.as_ref())),
+    ]
+}
+
+fn external_ip(svc: &Service) -> String {
+    let spec = svc.spec.clone().unwrap_or_default();
+    let external: Vec<String> = spec.external_ips.clone().unwrap_or_default();
+    match spec.type_.as_deref().unwrap_or("") {
+        "ClusterIP" | "NodePort" => {
+            if external.is_empty() {
+                "<none>".into()
+            } else {
+                external.join(",")
+            }
+        }
+        "LoadBalancer" => {
+            let mut ips: Vec<String> = svc
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.clone().or(i.hostname.clone()))
+                .collect();
+            ips.extend(external);
+            if ips.is_empty() {
+                "<pending>".into()
+            } else {
+                ips.join(",")
+            }
+        }
+        "ExternalName" => spec.external_name.clone().unwrap_or_default(),
+        _ => "<unknown>".into(),
+    }
+}
+
+pub fn field(v: &Value, field: &str) -> Option<String> {
+    match field {
+        "spec.clusterIP" => Some(scalar_at(v, "/spec/clusterIP")),
+        "spec.type" => Some(scalar_at(v, "/spec/type")),
+        _ => meta_field(v, field),
+    }
+}
