@@ -2,7 +2,9 @@
 //! kernel and process fixtures (network namespaces, cgroups, servers). Depends on no other
 //! skiff crate, so every crate can use it as a dev-dependency.
 
+pub mod apiserver;
 pub mod cgroup;
+pub mod kubectl;
 pub mod netns;
 pub mod registry;
 pub mod subnet;

@@ -51,14 +51,9 @@ fn strict(r: &Resource, obj: &Value, opts: &WriteOptions) -> Result<(), ApiError
     if unknown.is_empty() {
         return Ok(());
     }
-    let listed: Vec<String> = unknown
-        .iter()
-        .map(|f| format!("unknown field \"{f}\""))
-        .collect();
-    Err(ApiError::bad_request(format!(
-        "strict decoding error: {}",
-        listed.join(", ")
-    )))
+    Err(ApiError::bad_request(
+        crate::machinery::strict::strict_error_message(&unknown),
+    ))
 }
 
 /// The object's namespace must be the path's (filled in when absent).

@@ -1,0 +1,124 @@
+//! The API server as a real process (`control-plane apiserver`), for tests that must kill it
+//! (kill -9 durability) or restart it: started on a free loopback port with its own data
+//! directory, ready once /readyz answers, killed on Drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::wait::wait_until;
+
+/// A running `control-plane apiserver` process.
+pub struct ApiServerProcess {
+    binary: PathBuf,
+    data_dir: PathBuf,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+    url: String,
+}
+
+impl ApiServerProcess {
+    /// Starts `binary apiserver --data-dir DATA_DIR --listen 127.0.0.1:0` and waits until it
+    /// serves. `extra_args` are passed on every (re)start.
+    pub fn start(binary: &Path, data_dir: &Path, extra_args: &[&str]) -> ApiServerProcess {
+        let mut p = ApiServerProcess {
+            binary: binary.to_path_buf(),
+            data_dir: data_dir.to_path_buf(),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            url: String::new(),
+        };
+        p.spawn();
+        p
+    }
+
+    /// The admin kubeconfig (rewritten on every start: the port changes).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.data_dir.join("kubeconfig")
+    }
+
+    /// `http://127.0.0.1:<port>`
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn spawn(&mut self) {
+        let kubeconfig = self.kubeconfig();
+        let _ = std::fs::remove_file(&kubeconfig);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data_dir.with_extension("log"))
+            .expect("opening the server log");
+        let child = Command::new(&self.binary)
+            .arg("apiserver")
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .arg("--write-kubeconfig")
+            .arg(&kubeconfig)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting control-plane apiserver");
+        self.child = Some(child);
+        let url = wait_until(
+            "the apiserver writes its kubeconfig",
+            Duration::from_secs(30),
+            || {
+                let text = std::fs::read_to_string(&kubeconfig).map_err(|e| e.to_string())?;
+                text.lines()
+                    .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_string))
+                    .ok_or_else(|| "no server line yet".to_string())
+            },
+        );
+        wait_until("the apiserver is ready", Duration::from_secs(30), || {
+            ureq::get(&format!("{url}/readyz"))
+                .call()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        self.url = url;
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit; returns whether it exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let status = wait_until("the apiserver exits", Duration::from_secs(30), || {
+            c.try_wait()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "still running".to_string())
+        });
+        status.success()
+    }
+
+    /// Starts it again on the same data directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+}
+
+impl Drop for ApiServerProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
