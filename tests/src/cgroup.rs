@@ -79,7 +79,10 @@ impl Cgroup {
 impl Drop for Cgroup {
     fn drop(&mut self) {
         // cgroup.kill (5.14+) ends every process inside; then the directory can go.
-        if let Ok(mut f) = OpenOptions::new().write(true).open(self.path.join("cgroup.kill")) {
+        if let Ok(mut f) = OpenOptions::new()
+            .write(true)
+            .open(self.path.join("cgroup.kill"))
+        {
             let _ = f.write_all(b"1");
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

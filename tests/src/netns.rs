@@ -1,13 +1,17 @@
 //! Network namespaces for tests: create one with a unique name (loopback up), run `ip`
-//! inside it, start processes in it, create sockets in it from a thread, and connect it to
-//! another namespace (or the host) with a veth pair. Everything is removed on Drop, also
-//! when the test fails.
+//! inside it, start processes in it, create sockets in it from a thread, connect it to
+//! another namespace (or the host) with a veth pair, and serve HTTP or UDP inside it.
+//! Everything is removed on Drop, also when the test fails.
 
 use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -100,9 +104,138 @@ impl NetNs {
     }
 }
 
+impl NetNs {
+    /// A real HTTP/1.0 server on `addr` inside the namespace, answering every request with
+    /// `body`, on `threads` accepting threads. Stops on Drop.
+    pub fn http_server(&self, addr: SocketAddr, body: &str, threads: usize) -> Server {
+        let listener = Arc::new(
+            self.run(|| TcpListener::bind(addr))
+                .expect("binding server"),
+        );
+        let served = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles = (0..threads.max(1))
+            .map(|_| {
+                let (l, n, st, body) = (
+                    listener.clone(),
+                    served.clone(),
+                    stop.clone(),
+                    body.to_string(),
+                );
+                std::thread::spawn(move || {
+                    while let Ok((conn, _)) = l.accept() {
+                        if st.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        answer_http(conn, &body);
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Server {
+            addr,
+            served,
+            stop,
+            threads: handles,
+            netns: self.name.clone(),
+            tcp: true,
+        }
+    }
+
+    /// A UDP server on `addr` inside the namespace answering every datagram with `body`.
+    pub fn udp_server(&self, addr: SocketAddr, body: &str) -> Server {
+        let sock = self.run(|| UdpSocket::bind(addr)).expect("binding server");
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("socket option");
+        let served = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (n, st, body) = (served.clone(), stop.clone(), body.to_string());
+        let handle = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !st.load(Ordering::Relaxed) {
+                if let Ok((_, from)) = sock.recv_from(&mut buf) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                    let _ = sock.send_to(body.as_bytes(), from);
+                }
+            }
+        });
+        Server {
+            addr,
+            served,
+            stop,
+            threads: vec![handle],
+            netns: self.name.clone(),
+            tcp: false,
+        }
+    }
+}
+
+/// Reads a request head (or until the client goes away) and answers with `body`.
+fn answer_http(mut conn: TcpStream, body: &str) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = write!(
+        conn,
+        "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// A server started by [`NetNs::http_server`] or [`NetNs::udp_server`].
+pub struct Server {
+    pub addr: SocketAddr,
+    served: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    netns: String,
+    tcp: bool,
+}
+
+impl Server {
+    /// Connections (HTTP) or datagrams (UDP) served so far.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if self.tcp {
+            // One connection per thread from inside the namespace unblocks accept().
+            if let Ok(f) = File::open(format!("/run/netns/{}", self.netns)) {
+                let (fd, addr, n) = (f.as_raw_fd(), self.addr, self.threads.len());
+                std::thread::scope(|s| {
+                    s.spawn(move || {
+                        // SAFETY: changes only this short-lived thread's namespace.
+                        if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } == 0 {
+                            for _ in 0..n {
+                                let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
+                            }
+                        }
+                    });
+                });
+            }
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Drop for NetNs {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
@@ -124,8 +257,10 @@ impl Veth {
         if let Some(ns) = host_ns {
             add.arg("-n").arg(ns.name());
         }
-        add.args(["link", "add", &host, "type", "veth", "peer", "name", &peer, "netns"])
-            .arg(peer_ns.name());
+        add.args([
+            "link", "add", &host, "type", "veth", "peer", "name", &peer, "netns",
+        ])
+        .arg(peer_ns.name());
         must(&mut add);
         let veth = Veth {
             host,
@@ -164,11 +299,26 @@ mod tests {
         let l = ns.run(|| std::net::TcpListener::bind("10.250.255.1:0").unwrap());
         let port = l.local_addr().unwrap().port();
         // ...is reachable from a process in it, and not from the host.
-        let out = ns.command("ip").args(["-o", "addr", "show", "lo"]).output().unwrap();
+        let out = ns
+            .command("ip")
+            .args(["-o", "addr", "show", "lo"])
+            .output()
+            .unwrap();
         assert!(String::from_utf8_lossy(&out.stdout).contains("10.250.255.1"));
         assert!(ns
             .run(|| std::net::TcpStream::connect(("10.250.255.1", port)))
             .is_ok());
+        let server = ns.http_server("10.250.255.1:8080".parse().unwrap(), "hello", 2);
+        let body = ns.run(|| {
+            let mut s = std::net::TcpStream::connect("10.250.255.1:8080").unwrap();
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            let mut r = String::new();
+            s.read_to_string(&mut r).unwrap();
+            r
+        });
+        assert!(body.ends_with("\r\n\r\nhello"), "{body}");
+        assert_eq!(server.served(), 1);
+        drop(server);
         let name = ns.name().to_string();
         drop(ns);
         assert!(!std::path::Path::new(&format!("/run/netns/{name}")).exists());

@@ -1,9 +1,11 @@
 //! Project automation: `cargo xtask <command>`. Every command installs what it needs first,
 //! idempotently, so a fresh machine needs nothing but this repository and a Rust toolchain.
 
+mod bench;
 mod ebpf;
 mod images;
 mod setup;
+mod up;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -24,6 +26,15 @@ enum Command {
     /// Build skiff's container images (echo, pause) and push them to the local registry on
     /// 127.0.0.1:5000, starting it if needed. Idempotent, fast when nothing changed.
     Images,
+    /// Benchmarks (`bench proxy`: eBPF vs iptables vs direct).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+    /// The benchmark client (run by `bench` inside its namespace and cgroup).
+    #[command(hide = true)]
+    #[command(subcommand)]
+    BenchClient(bench::client::ClientCmd),
+    /// Bring skiff up (for now: the service proxy on a manifests directory).
+    Up(up::Opts),
     /// Run the whole test suite, as CI does (installs prerequisites first).
     Test {
         /// Extra arguments for `cargo test`, e.g. a test name filter.
@@ -36,6 +47,12 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Setup => setup::all(),
         Command::BuildEbpf => ebpf::build(),
+        Command::Bench(cmd) => {
+            setup::all()?;
+            bench::run(cmd)
+        }
+        Command::BenchClient(cmd) => bench::client::run(cmd),
+        Command::Up(opts) => up::up(opts),
         Command::Images => {
             setup::all()?;
             images::all()

@@ -8,14 +8,14 @@
 
 use serde::Deserialize;
 use skiff_tests::cgroup::Cgroup;
+pub use skiff_tests::netns::Server as Backend;
 use skiff_tests::netns::NetNs;
 use skiff_tests::subnet::{self, SubnetLease};
 use skiff_tests::wait_until;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -256,11 +256,11 @@ impl World {
     }
 
     pub fn http_backend(&self, ip: IpAddr, port: u16, name: &str) -> Backend {
-        Backend::http(&self.ns, SocketAddr::new(ip, port), name)
+        self.ns.http_server(SocketAddr::new(ip, port), name, 1)
     }
 
     pub fn udp_backend(&self, ip: IpAddr, port: u16, name: &str) -> Backend {
-        Backend::udp(&self.ns, SocketAddr::new(ip, port), name)
+        self.ns.udp_server(SocketAddr::new(ip, port), name)
     }
 }
 
@@ -349,111 +349,6 @@ impl Drop for Proxy {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
-        }
-    }
-}
-
-/// A real server inside the namespace: HTTP (answers every request with its name) or UDP
-/// (answers every datagram with its name). Counts what it served; stops on Drop.
-pub struct Backend {
-    pub addr: SocketAddr,
-    pub served: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    wake: Box<dyn Fn() + Send>,
-}
-
-impl Backend {
-    pub fn http(ns: &NetNs, addr: SocketAddr, name: &str) -> Backend {
-        let listener = ns.run(|| TcpListener::bind(addr)).expect("binding backend");
-        let served = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st, name) = (served.clone(), stop.clone(), name.to_string());
-        let thread = std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if st.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(mut conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                s.fetch_add(1, Ordering::Relaxed);
-                let _ = write!(
-                    conn,
-                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
-                    name.len()
-                );
-            }
-        });
-        let ns_file = ns.name().to_string();
-        let wake = Box::new(move || {
-            // A connection from inside the namespace unblocks accept().
-            let f = std::fs::File::open(format!("/run/netns/{ns_file}"));
-            if let Ok(f) = f {
-                use std::os::fd::AsRawFd;
-                let fd = f.as_raw_fd();
-                std::thread::scope(|sc| {
-                    sc.spawn(move || {
-                        // SAFETY: this short-lived thread only.
-                        if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } == 0 {
-                            let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
-                        }
-                    });
-                });
-            }
-        });
-        Backend {
-            addr,
-            served,
-            stop,
-            thread: Some(thread),
-            wake,
-        }
-    }
-
-    pub fn udp(ns: &NetNs, addr: SocketAddr, name: &str) -> Backend {
-        let sock = ns.run(|| UdpSocket::bind(addr)).expect("binding backend");
-        sock.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let served = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st, name) = (served.clone(), stop.clone(), name.to_string());
-        let thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
-            while !st.load(Ordering::Relaxed) {
-                if let Ok((_, from)) = sock.recv_from(&mut buf) {
-                    s.fetch_add(1, Ordering::Relaxed);
-                    let _ = sock.send_to(name.as_bytes(), from);
-                }
-            }
-        });
-        Backend {
-            addr,
-            served,
-            stop,
-            thread: Some(thread),
-            wake: Box::new(|| {}),
-        }
-    }
-
-    pub fn served(&self) -> u64 {
-        self.served.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        (self.wake)();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
         }
     }
 }

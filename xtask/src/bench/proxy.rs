@@ -1,0 +1,555 @@
+//! `cargo xtask bench proxy`: the service proxy against its baseline, side by side in one
+//! run. For each setup a fresh network namespace (loopback only, service ranges local),
+//! real HTTP backends inside it, a client cgroup, and the release proxy binary:
+//!
+//! - direct: the client connects to the backend itself (the physical limit);
+//! - ebpf and iptables mode with 1, 1,000, 10,000 and 100,000 services.
+//!
+//! Per setup: new connections per second and connect() p50/p99, short HTTP requests per
+//! second, and network programming: one endpoint change written to the manifests, until
+//! new connections land on the new backend (end to end), and the proxy's own time to apply
+//! it (its log). Medians of repeated runs. Prints a table (ratios to direct and
+//! ebpf/iptables), writes JSON and SVG plots under bench-results/, copies table and plots
+//! to docs/bench/.
+
+use super::plot::{self, Chart, Series};
+use crate::setup::{root, run};
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use skiff_tests::cgroup::Cgroup;
+use skiff_tests::netns::{NetNs, Server};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(clap::Args)]
+pub struct Opts {
+    /// Service counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,1000,10000,100000")]
+    services: Vec<u32>,
+    /// Connections per connect() measurement.
+    #[arg(long, default_value_t = 5000)]
+    connects: usize,
+    /// Requests per HTTP measurement.
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Largest service count measured in iptables mode.
+    #[arg(long, default_value_t = 100_000)]
+    iptables_max: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Direct,
+    Ebpf,
+    Iptables,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::Ebpf => "ebpf",
+            Mode::Iptables => "iptables",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Row {
+    mode: &'static str,
+    services: u32,
+    conn_rate: f64,
+    conn_p50_us: f64,
+    conn_p99_us: f64,
+    http_rate: f64,
+    /// Endpoint change written -> new connections on the new backend.
+    change_ms: Option<f64>,
+    /// The proxy's time to apply that change to the maps or rules.
+    apply_ms: Option<f64>,
+    /// Initial sync of all services.
+    load_s: Option<f64>,
+}
+
+const BACKEND_1: &str = "127.0.0.2";
+const BACKEND_2: &str = "127.0.0.3";
+const PORT: u16 = 8080;
+
+/// Service addresses: 10.251.0.0/16 and 10.252.0.0/16, local only inside the bench's
+/// own namespace.
+fn vip(i: u32) -> IpAddr {
+    let n = i + 1;
+    IpAddr::from([
+        10,
+        (251 + n / 65_536) as u8,
+        (n / 256 % 256) as u8,
+        (n % 256) as u8,
+    ])
+}
+
+fn since(t: Instant) -> String {
+    format!("{:.1}s", t.elapsed().as_secs_f64())
+}
+
+pub fn run_bench(opts: Opts) -> Result<()> {
+    let started = Instant::now();
+    crate::ebpf::build()?;
+    eprintln!("bench proxy: building the proxy (release)");
+    run(Command::new(env!("CARGO")).current_dir(root()).args([
+        "build",
+        "--release",
+        "-p",
+        "proxy",
+    ]))?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let proxy_bin = target.join("release/proxy");
+    let out_dir = root().join("bench-results");
+    std::fs::create_dir_all(&out_dir)?;
+
+    let mut rows = Vec::new();
+    eprintln!("[{}] direct", since(started));
+    rows.push(measure(Mode::Direct, 0, &opts, &proxy_bin, &out_dir)?);
+    for &n in &opts.services {
+        for mode in [Mode::Ebpf, Mode::Iptables] {
+            if mode == Mode::Iptables && n > opts.iptables_max {
+                continue;
+            }
+            eprintln!("[{}] {} with {n} services", since(started), mode.name());
+            let row = measure(mode, n, &opts, &proxy_bin, &out_dir)?;
+            eprintln!(
+                "    {:.0} conns/s, connect p50 {:.1} us, {:.0} req/s, change {:?} ms, apply {:?} ms",
+                row.conn_rate, row.conn_p50_us, row.http_rate, row.change_ms, row.apply_ms
+            );
+            rows.push(row);
+        }
+    }
+    report(&rows, &opts, &out_dir)?;
+    eprintln!("[{}] done", since(started));
+    Ok(())
+}
+
+/// One setup: namespace, backends, cgroup, proxy (unless direct), measurements.
+fn measure(mode: Mode, n: u32, opts: &Opts, proxy_bin: &Path, out: &Path) -> Result<Row> {
+    let ns = NetNs::new("bp");
+    for cidr in ["10.251.0.0/16", "10.252.0.0/16"] {
+        ns.ip(&["route", "add", "local", cidr, "dev", "lo"]);
+    }
+    let b1: Server = ns.http_server(SocketAddr::new(BACKEND_1.parse()?, PORT), "b1", 4);
+    let _b2: Server = ns.http_server(SocketAddr::new(BACKEND_2.parse()?, PORT), "b2", 4);
+    let cg = Cgroup::new("bp");
+    let work = out.join(format!("work-{}-{n}", mode.name()));
+    let _ = std::fs::remove_dir_all(&work);
+    let manifests = work.join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let bpffs = work.join("bpffs");
+    std::fs::create_dir_all(&bpffs)?;
+    let probe = n / 2;
+    let target = if mode == Mode::Direct {
+        b1.addr
+    } else {
+        SocketAddr::new(vip(probe), 80)
+    };
+    let mut row = Row {
+        mode: mode.name(),
+        services: n,
+        ..Row::default()
+    };
+    let mut proxy = None;
+    let mut mounted = false;
+    let result = (|| -> Result<()> {
+        if mode != Mode::Direct {
+            write_services(&manifests, n, probe)?;
+            write_probe_slice(&manifests, probe, BACKEND_1)?;
+            if mode == Mode::Ebpf {
+                run(Command::new("mount").args(["-t", "bpf", "bpf"]).arg(&bpffs))?;
+                mounted = true;
+            }
+            let t = Instant::now();
+            let p = Proxy::start(mode, n, proxy_bin, &manifests, &bpffs, &cg, &ns)?;
+            row.load_s = Some(t.elapsed().as_secs_f64());
+            eprintln!(
+                "    initial sync of {n} services: {:.2} s",
+                t.elapsed().as_secs_f64()
+            );
+            proxy = Some(p);
+        }
+        let client = |args: &[String]| -> Result<serde_json::Value> {
+            let exe = std::env::current_exe()?;
+            let mut cmd = ns.command(exe);
+            cg.enter_before_exec(&mut cmd);
+            let out = cmd.arg("bench-client").args(args).output()?;
+            if !out.status.success() {
+                bail!(
+                    "bench client failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(serde_json::from_slice(&out.stdout)?)
+        };
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (mut rate, mut p50, mut p99, mut http) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..opts.reps {
+            let c = client(&[
+                "connect".into(),
+                target.to_string(),
+                opts.connects.to_string(),
+            ])?;
+            rate.push(c["rate"].as_f64().unwrap_or(0.0));
+            p50.push(c["p50_us"].as_f64().unwrap_or(0.0));
+            p99.push(c["p99_us"].as_f64().unwrap_or(0.0));
+            let h = client(&["http".into(), target.to_string(), opts.requests.to_string()])?;
+            http.push(h["rate"].as_f64().unwrap_or(0.0));
+        }
+        row.conn_rate = median(rate);
+        row.conn_p50_us = median(p50);
+        row.conn_p99_us = median(p99);
+        row.http_rate = median(http);
+        if let Some(p) = &proxy {
+            let (mut change, mut apply) = (vec![], vec![]);
+            for (i, (ip, name)) in [(BACKEND_2, "b2"), (BACKEND_1, "b1"), (BACKEND_2, "b2")]
+                .into_iter()
+                .enumerate()
+            {
+                let (c, a) = endpoint_change(p, &ns, &cg, &manifests, target, probe, ip, name)
+                    .with_context(|| format!("endpoint change {i}"))?;
+                change.push(c);
+                if let Some(a) = a {
+                    apply.push(a);
+                }
+            }
+            row.change_ms = Some(median(change));
+            row.apply_ms = (!apply.is_empty()).then(|| median(apply));
+        }
+        Ok(())
+    })();
+    drop(proxy);
+    if mounted {
+        let _ = Command::new("umount").arg(&bpffs).status();
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    Ok(row)
+}
+
+/// All services but the probe's slice, in one JSON List (the shape of `kubectl get -o
+/// json`).
+fn write_services(dir: &Path, n: u32, probe: u32) -> Result<()> {
+    let mut text = String::with_capacity(n as usize * 420);
+    text.push_str(r#"{"apiVersion":"v1","kind":"List","items":["#);
+    for i in 0..n {
+        if i > 0 {
+            text.push(',');
+        }
+        let _ = write!(
+            text,
+            r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"s{i}","namespace":"bench"}},"spec":{{"clusterIP":"{}","ports":[{{"name":"http","port":80}}]}}}}"#,
+            vip(i)
+        );
+        if i != probe {
+            let _ = write!(
+                text,
+                r#",{{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{{"name":"s{i}-1","namespace":"bench","labels":{{"kubernetes.io/service-name":"s{i}"}}}},"addressType":"IPv4","ports":[{{"name":"http","port":{PORT}}}],"endpoints":[{{"addresses":["{BACKEND_1}"]}}]}}"#
+            );
+        }
+    }
+    text.push_str("]}");
+    std::fs::write(dir.join("services.json"), text)?;
+    Ok(())
+}
+
+/// The probe service's slice, alone in its file so a change re-reads only it.
+fn write_probe_slice(dir: &Path, probe: u32, backend: &str) -> Result<()> {
+    let text = format!(
+        r#"{{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{{"name":"s{probe}-1","namespace":"bench","labels":{{"kubernetes.io/service-name":"s{probe}"}}}},"addressType":"IPv4","ports":[{{"name":"http","port":{PORT}}}],"endpoints":[{{"addresses":["{backend}"]}}]}}"#
+    );
+    let tmp = dir.join(".probe.json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, dir.join("probe.json"))?;
+    Ok(())
+}
+
+/// Moves the probe service to `backend` and measures (end to end ms, proxy apply ms).
+#[allow(clippy::too_many_arguments)]
+fn endpoint_change(
+    p: &Proxy,
+    ns: &NetNs,
+    cg: &Cgroup,
+    manifests: &Path,
+    target: SocketAddr,
+    probe: u32,
+    backend: &str,
+    name: &str,
+) -> Result<(f64, Option<f64>)> {
+    let mut cmd = ns.command(std::env::current_exe()?);
+    cg.enter_before_exec(&mut cmd);
+    let mut client = cmd
+        .args(["bench-client", "switch"])
+        .arg(target.to_string())
+        .args([name, "300000"])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut lines = BufReader::new(client.stdout.take().expect("piped")).lines();
+    // The client is polling (and not yet seeing `name`) before the change is written.
+    let ready = lines.next().transpose()?.unwrap_or_default();
+    if !ready.contains("ready") {
+        bail!("switch client did not start: {ready}");
+    }
+    let logs_before = p.logs.lock().expect("logs").len();
+    let t0 = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    write_probe_slice(manifests, probe, backend)?;
+    let done = lines.next().transpose()?.unwrap_or_default();
+    let status = client.wait()?;
+    if !status.success() {
+        bail!("switch client failed: {done}");
+    }
+    let at: serde_json::Value = serde_json::from_str(&done)?;
+    let at_ns = at["at_ns"].as_u64().unwrap_or(t0);
+    let change_ms = at_ns.saturating_sub(t0) as f64 / 1e6;
+    // The proxy logs each applied batch with its duration.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let apply_ms = loop {
+        let found = p.logs.lock().expect("logs")[logs_before..]
+            .iter()
+            .rev()
+            .find_map(|l| {
+                l.contains("batch applied")
+                    .then(|| l.split("took_us=").nth(1))
+                    .flatten()
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse::<f64>().ok())
+            });
+        if found.is_some() || Instant::now() > deadline {
+            break found.map(|us| us / 1000.0);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Ok((change_ms, apply_ms))
+}
+
+/// The release proxy, its stderr collected.
+struct Proxy {
+    child: Child,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proxy {
+    fn start(
+        mode: Mode,
+        n: u32,
+        bin: &Path,
+        manifests: &Path,
+        bpffs: &Path,
+        cg: &Cgroup,
+        ns: &NetNs,
+    ) -> Result<Proxy> {
+        let mut cmd = match mode {
+            Mode::Iptables => ns.command(bin),
+            _ => Command::new(bin),
+        };
+        let capacity = (n + 1).next_power_of_two().max(1024);
+        cmd.args(["run", "--mode", mode.name(), "--metrics", "127.0.0.1:0"])
+            .arg("--manifests")
+            .arg(manifests)
+            .arg("--cgroup")
+            .arg(cg.path())
+            .arg("--bpffs")
+            .arg(bpffs)
+            .args(["--max-services", &capacity.to_string()])
+            .args(["--max-backends", &(2 * capacity).to_string()])
+            .env("RUST_LOG", "info,proxy::daemon=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().context("starting the proxy")?;
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let stderr = child.stderr.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("logs").push(line);
+            }
+        });
+        let proxy = Proxy { child, logs };
+        // Ready once the initial sync is logged (all services programmed).
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if proxy
+                .logs
+                .lock()
+                .expect("logs")
+                .iter()
+                .any(|l| l.contains("initial sync done"))
+            {
+                return Ok(proxy);
+            }
+            if Instant::now() > deadline {
+                bail!("proxy never finished its initial sync");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| {
+        if v < 10.0 {
+            format!("{v:.3}")
+        } else {
+            format!("{v:.0}")
+        }
+    })
+}
+
+fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
+    let direct = rows
+        .iter()
+        .find(|r| r.mode == "direct")
+        .cloned()
+        .unwrap_or_default();
+    let find = |mode: &str, n: u32| rows.iter().find(|r| r.mode == mode && r.services == n);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "| path | services | new conns/s | vs direct | connect p50 us | p99 us | HTTP req/s | vs direct | ebpf / iptables conns | initial sync s | endpoint change to traffic ms | proxy apply ms |"
+    );
+    let _ = writeln!(
+        md,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let vs_ipt = match r.mode {
+            "ebpf" => {
+                find("iptables", r.services).map_or("-".into(), |i| ratio(r.conn_rate, i.conn_rate))
+            }
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} | {} |",
+            r.mode,
+            if r.mode == "direct" {
+                "-".to_string()
+            } else {
+                r.services.to_string()
+            },
+            r.conn_rate,
+            ratio(r.conn_rate, direct.conn_rate),
+            r.conn_p50_us,
+            r.conn_p99_us,
+            r.http_rate,
+            ratio(r.http_rate, direct.http_rate),
+            vs_ipt,
+            r.load_s.map_or("-".into(), |s| format!("{s:.2}")),
+            opt_ms(r.change_ms),
+            opt_ms(r.apply_ms),
+        );
+    }
+    println!("\n{md}");
+    let json = json!({
+        "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
+        "connects_per_measurement": opts.connects,
+        "requests_per_measurement": opts.requests,
+        "repetitions": opts.reps,
+        "rows": rows.iter().map(|r| json!({
+            "mode": r.mode, "services": r.services,
+            "conn_rate": r.conn_rate, "conn_p50_us": r.conn_p50_us, "conn_p99_us": r.conn_p99_us,
+            "http_rate": r.http_rate, "conn_rate_vs_direct": r.conn_rate / direct.conn_rate.max(1e-9),
+            "initial_sync_s": r.load_s, "endpoint_change_ms": r.change_ms, "apply_ms": r.apply_ms,
+        })).collect::<Vec<_>>(),
+    });
+    std::fs::write(out.join("proxy.json"), serde_json::to_string_pretty(&json)?)?;
+    std::fs::write(out.join("proxy.md"), &md)?;
+
+    let series = |f: &dyn Fn(&Row) -> Option<f64>| -> Vec<Series> {
+        let mut s = Vec::new();
+        for (mode, color) in [("ebpf", "#1f77b4"), ("iptables", "#d62728")] {
+            let points: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.mode == mode)
+                .filter_map(|r| Some((r.services as f64, f(r)?)))
+                .collect();
+            if !points.is_empty() {
+                s.push(Series {
+                    name: mode.into(),
+                    color,
+                    points,
+                });
+            }
+        }
+        s
+    };
+    let mut rate = series(&|r| Some(r.conn_rate));
+    let xs: Vec<f64> = opts.services.iter().map(|n| *n as f64).collect();
+    rate.insert(
+        0,
+        Series {
+            name: "direct (limit)".into(),
+            color: "#2ca02c",
+            points: xs.iter().map(|x| (*x, direct.conn_rate)).collect(),
+        },
+    );
+    let rate_svg = plot::svg(
+        &Chart {
+            title: "New connections per second vs number of services",
+            x_label: "services",
+            y_label: "connections / s",
+            log_x: true,
+            log_y: true,
+        },
+        &rate,
+    );
+    let change_svg = plot::svg(
+        &Chart {
+            title: "One endpoint change: write to new connections on the new backend",
+            x_label: "services",
+            y_label: "ms",
+            log_x: true,
+            log_y: true,
+        },
+        &series(&|r| r.change_ms),
+    );
+    std::fs::write(out.join("proxy-rate.svg"), &rate_svg)?;
+    std::fs::write(out.join("proxy-change.svg"), &change_svg)?;
+    let docs = root().join("docs/bench");
+    std::fs::create_dir_all(&docs)?;
+    std::fs::write(docs.join("proxy-rate.svg"), &rate_svg)?;
+    std::fs::write(docs.join("proxy-change.svg"), &change_svg)?;
+    std::fs::write(docs.join("proxy.md"), &md)?;
+    std::fs::write(
+        docs.join("proxy.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    eprintln!(
+        "bench proxy: wrote {}/proxy.{{json,md}}, proxy-rate.svg, proxy-change.svg (copied to docs/bench/)",
+        out.display()
+    );
+    Ok(())
+}
