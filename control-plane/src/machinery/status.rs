@@ -170,6 +170,19 @@ impl FieldError {
             format!("Invalid value: {value}: {why}"),
         )
     }
+    /// A structured value (a map, a selector) printed as Go prints it, unquoted:
+    /// `Invalid value: map[string]string{"app":"x"}: why`.
+    pub fn invalid_unquoted(
+        field: impl Into<String>,
+        value: impl std::fmt::Display,
+        why: &str,
+    ) -> Self {
+        FieldError::new(
+            CauseType::Invalid,
+            field,
+            format!("Invalid value: {value}: {why}"),
+        )
+    }
     pub fn unknown(field: impl Into<String>) -> Self {
         FieldError::new(CauseType::Unknown, field, "unknown field")
     }

@@ -130,12 +130,12 @@ fn validate_selector(
     };
     let mut errs = vec![];
     match LabelSelector::from_meta(selector) {
-        Err(e) => errs.push(FieldError::invalid(
+        Err(e) => errs.push(FieldError::invalid_unquoted(
             &path,
             go_selector(selector),
             &e.message,
         )),
-        Ok(s) if s.is_everything() => errs.push(FieldError::invalid(
+        Ok(s) if s.is_everything() => errs.push(FieldError::invalid_unquoted(
             &path,
             go_selector(selector),
             &format!("empty selector is invalid for {kind}"),
@@ -145,7 +145,7 @@ fn validate_selector(
                 .and_then(|t| t.metadata.as_ref())
                 .and_then(|m| m.labels.as_ref());
             if !s.matches(&labels.cloned().unwrap_or_default()) {
-                errs.push(FieldError::invalid(
+                errs.push(FieldError::invalid_unquoted(
                     FieldPath::new("spec")
                         .child("template")
                         .child("metadata")
@@ -158,7 +158,7 @@ fn validate_selector(
     }
     if let Some(old) = old {
         if old != Some(selector) {
-            errs.push(FieldError::invalid(
+            errs.push(FieldError::invalid_unquoted(
                 &path,
                 go_selector(selector),
                 "field is immutable",
@@ -178,7 +178,8 @@ fn non_negative(errs: &mut Vec<FieldError>, path: FieldPath, value: Option<i32>)
     }
 }
 
-/// An int >= 0 or a percentage string (`25%`); `max_percent` caps percentages.
+/// An int >= 0 or a percentage string (`25%`); `max_100` caps percentages at 100%.
+/// Returns the errors and whether the value is zero.
 fn int_or_percent(value: &IntOrString, path: &FieldPath, max_100: bool) -> (Vec<FieldError>, bool) {
     match value {
         IntOrString::Int(n) if *n < 0 => (
@@ -537,5 +538,219 @@ pub fn replica_set_field(v: &Value, field: &str) -> Option<String> {
                 .to_string(),
         ),
         _ => meta_field(v, field),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2025-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    /// What `kubectl create deployment web --image=nginx:1.27 --replicas=3` sends.
+    fn created() -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}, "creationTimestamp": "2025-01-01T11:55:00Z"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                "strategy": {},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "nginx", "image": "nginx:1.27", "resources": {}}]}}},
+            "status": {}})
+    }
+
+    fn errors(v: &Value, old: Option<&Value>) -> Vec<String> {
+        validate_deployment(v, old)
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect()
+    }
+
+    #[test]
+    fn deployment_defaults() {
+        let mut v = created();
+        v["spec"].as_object_mut().unwrap().remove("replicas");
+        default_deployment(&mut v);
+        let spec = &v["spec"];
+        assert_eq!(spec["replicas"], 1);
+        assert_eq!(spec["revisionHistoryLimit"], 10);
+        assert_eq!(spec["progressDeadlineSeconds"], 600);
+        assert_eq!(
+            spec["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
+        );
+        let pod = &spec["template"]["spec"];
+        assert_eq!(pod["restartPolicy"], "Always");
+        assert_eq!(pod["containers"][0]["imagePullPolicy"], "IfNotPresent");
+        assert!(
+            pod.get("tolerations").is_none(),
+            "admission defaults are for pods, not templates"
+        );
+        let mut recreate = created();
+        recreate["spec"]["strategy"] = json!({"type": "Recreate"});
+        default_deployment(&mut recreate);
+        assert_eq!(recreate["spec"]["strategy"], json!({"type": "Recreate"}));
+        assert!(errors(&recreate, None).is_empty());
+    }
+
+    #[test]
+    fn deployment_validation_messages() {
+        let mut v = created();
+        default_deployment(&mut v);
+        assert!(errors(&v, None).is_empty());
+
+        let mut bad = v.clone();
+        bad["spec"]["replicas"] = json!(-1);
+        bad["spec"]["template"]["metadata"]["labels"] = json!({"app": "other"});
+        bad["spec"]["template"]["spec"]["restartPolicy"] = json!("Never");
+        bad["spec"]["strategy"]["rollingUpdate"] = json!({"maxSurge": 0, "maxUnavailable": "0%"});
+        let errs = errors(&bad, None);
+        assert_eq!(
+            errs,
+            vec![
+                "spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+                "spec.template.metadata.labels: Invalid value: map[string]string{\"app\":\"other\"}: `selector` does not match template `labels`",
+                "spec.template.spec.restartPolicy: Unsupported value: \"Never\": supported values: \"Always\"",
+                "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: 0: may not be 0 when `maxSurge` is 0",
+            ]
+        );
+
+        let mut no_selector = v.clone();
+        no_selector["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("selector");
+        assert_eq!(
+            errors(&no_selector, None)[0],
+            "spec.selector: Required value"
+        );
+        let mut empty = v.clone();
+        empty["spec"]["selector"] = json!({"matchLabels": {}});
+        assert!(errors(&empty, None)[0].ends_with("empty selector is invalid for deployment"));
+
+        let mut moved = v.clone();
+        moved["spec"]["selector"] = json!({"matchLabels": {"app": "web", "tier": "x"}});
+        moved["spec"]["template"]["metadata"]["labels"]["tier"] = json!("x");
+        let errs = errors(&moved, Some(&v));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].starts_with("spec.selector: Invalid value: v1.LabelSelector{MatchLabels:map[string]string{\"app\":\"web\", \"tier\":\"x\"}"));
+        assert!(errs[0].ends_with("field is immutable"));
+        let mut scaled = v.clone();
+        scaled["spec"]["replicas"] = json!(5);
+        assert!(errors(&scaled, Some(&v)).is_empty());
+    }
+
+    #[test]
+    fn deployment_row_like_kubectl() {
+        let mut v = created();
+        v["status"] = json!({"replicas": 3, "readyReplicas": 2, "updatedReplicas": 3, "availableReplicas": 2});
+        // NAME READY UP-TO-DATE AVAILABLE AGE CONTAINERS IMAGES SELECTOR
+        assert_eq!(
+            deployment_row(&v, now()),
+            vec![
+                json!("web"),
+                json!("2/3"),
+                json!(3),
+                json!(2),
+                json!("5m"),
+                json!("nginx"),
+                json!("nginx:1.27"),
+                json!("app=web")
+            ]
+        );
+        let names: Vec<String> = deployment_columns()
+            .into_iter()
+            .filter(|c| c.priority == 0)
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(names, ["Name", "Ready", "Up-to-date", "Available", "Age"]);
+    }
+
+    fn replica_set() -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-7d9c", "namespace": "default", "creationTimestamp": "2025-01-01T09:00:00Z"},
+            "spec": {"selector": {"matchLabels": {"app": "web", "pod-template-hash": "7d9c"}},
+                "template": {"metadata": {"labels": {"app": "web", "pod-template-hash": "7d9c"}},
+                    "spec": {"containers": [{"name": "nginx", "image": "nginx:1.27"}, {"name": "side", "image": "busybox"}]}}},
+            "status": {"replicas": 3, "readyReplicas": 3}})
+    }
+
+    #[test]
+    fn replica_sets() {
+        let mut v = replica_set();
+        default_replica_set(&mut v);
+        assert_eq!(v["spec"]["replicas"], 1);
+        assert!(validate_replica_set(&v, None).is_empty());
+        // NAME DESIRED CURRENT READY AGE CONTAINERS IMAGES SELECTOR
+        assert_eq!(
+            replica_set_row(&v, now()),
+            vec![
+                json!("web-7d9c"),
+                json!(1),
+                json!(3),
+                json!(3),
+                json!("3h"),
+                json!("nginx,side"),
+                json!("nginx:1.27,busybox"),
+                json!("app=web,pod-template-hash=7d9c")
+            ]
+        );
+        assert_eq!(
+            replica_set_field(&v, "status.replicas").as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            replica_set_field(&json!({}), "status.replicas").as_deref(),
+            Some("0")
+        );
+        let mut neg = v.clone();
+        neg["spec"]["replicas"] = json!(-2);
+        assert_eq!(
+            validate_replica_set(&neg, Some(&v))[0].message,
+            "Invalid value: -2: must be greater than or equal to 0"
+        );
+    }
+
+    #[test]
+    fn daemon_sets() {
+        let mut v = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "proxy", "namespace": "kube-system", "creationTimestamp": "2025-01-01T11:00:00Z"},
+            "spec": {"selector": {"matchLabels": {"app": "proxy"}},
+                "template": {"metadata": {"labels": {"app": "proxy"}},
+                    "spec": {"nodeSelector": {"kubernetes.io/os": "linux"}, "hostNetwork": true,
+                        "containers": [{"name": "proxy", "image": "skiff/proxy:v1", "ports": [{"containerPort": 10256}]}]}}},
+            "status": {"desiredNumberScheduled": 2, "currentNumberScheduled": 2, "numberReady": 1, "updatedNumberScheduled": 2, "numberAvailable": 1, "numberMisscheduled": 0}});
+        default_daemon_set(&mut v);
+        assert_eq!(
+            v["spec"]["updateStrategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}})
+        );
+        assert_eq!(
+            v["spec"]["template"]["spec"]["containers"][0]["ports"][0]["hostPort"],
+            10256
+        );
+        assert!(validate_daemon_set(&v, None).is_empty());
+        // NAME DESIRED CURRENT READY UP-TO-DATE AVAILABLE NODE SELECTOR AGE
+        assert_eq!(
+            &daemon_set_row(&v, now())[..8],
+            &[
+                json!("proxy"),
+                json!(2),
+                json!(2),
+                json!(1),
+                json!(2),
+                json!(1),
+                json!("kubernetes.io/os=linux"),
+                json!("60m")
+            ]
+        );
+        let mut bad = v.clone();
+        bad["spec"]["updateStrategy"]["type"] = json!("Surge");
+        assert_eq!(
+            validate_daemon_set(&bad, None)[0].field,
+            "spec.updateStrategy.type"
+        );
     }
 }

@@ -31,3 +31,22 @@ pub fn validate(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
         errs
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn negative_replicas() {
+        let v = json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": "web", "namespace": "default"}, "spec": {"replicas": -1}});
+        let errs = validate(&v, None);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "spec.replicas");
+        assert_eq!(
+            errs[0].message,
+            "Invalid value: -1: must be greater than or equal to 0"
+        );
+    }
+}

@@ -65,3 +65,25 @@ pub fn row(v: &Value, now: Timestamp) -> Vec<Value> {
         age_cell(&l.metadata, now),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lease_rows_and_validation() {
+        let v = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "node-1", "namespace": "kube-node-lease", "creationTimestamp": "2025-01-01T11:00:00Z"},
+            "spec": {"holderIdentity": "node-1", "leaseDurationSeconds": 40, "renewTime": "2025-01-01T11:59:58.000000Z"}});
+        assert!(validate(&v, None).is_empty());
+        let now = "2025-01-01T12:00:00Z".parse().unwrap();
+        assert_eq!(
+            row(&v, now),
+            vec![json!("node-1"), json!("node-1"), json!("60m")]
+        );
+        let mut bad = v.clone();
+        bad["spec"]["leaseDurationSeconds"] = json!(0);
+        assert_eq!(validate(&bad, None)[0].field, "spec.leaseDurationSeconds");
+    }
+}

@@ -508,3 +508,151 @@ pub fn endpoints_row(v: &Value, now: Timestamp) -> Vec<Value> {
         age_cell(&e.metadata, now),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2025-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    fn errors(errs: Vec<FieldError>) -> Vec<String> {
+        errs.into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect()
+    }
+
+    #[test]
+    fn namespaces() {
+        let mut v = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "creationTimestamp": "2025-01-01T11:00:00Z"}});
+        default_namespace(&mut v);
+        assert_eq!(v["spec"], json!({"finalizers": ["kubernetes"]}));
+        assert_eq!(v["status"], json!({"phase": "Active"}));
+        assert!(validate_namespace(&v, None).is_empty());
+        assert_eq!(
+            namespace_row(&v, now()),
+            vec![json!("team-a"), json!("Active"), json!("60m")]
+        );
+        assert_eq!(
+            namespace_field(&v, "status.phase").as_deref(),
+            Some("Active")
+        );
+        let mut dotted = v.clone();
+        dotted["metadata"]["name"] = json!("team.a");
+        assert!(validate_namespace(&dotted, None)[0]
+            .message
+            .contains("RFC 1123 label"));
+    }
+
+    #[test]
+    fn config_maps() {
+        let v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": "default", "creationTimestamp": "2025-01-01T11:59:00Z"},
+            "data": {"app.conf": "x=1", "MODE": "prod"}, "binaryData": {"blob": "AAEC"}});
+        assert!(validate_config_map(&v, None).is_empty());
+        assert_eq!(
+            config_map_row(&v, now()),
+            vec![json!("cfg"), json!(3), json!("60s")]
+        );
+        let mut bad = v.clone();
+        bad["data"]["bad key"] = json!("v");
+        bad["binaryData"]["MODE"] = json!("AA==");
+        let errs = errors(validate_config_map(&bad, None));
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs[0].starts_with("data[bad key]: Invalid value: \"bad key\": a valid config key")
+        );
+        assert_eq!(errs[1], "binaryData[MODE]: Duplicate value: \"MODE\"");
+        let mut big = v.clone();
+        big["data"]["big"] = json!("x".repeat(MAX_DATA_BYTES));
+        assert_eq!(
+            errors(validate_config_map(&big, None)),
+            vec!["data: Too long: may not be more than 1048576 bytes"]
+        );
+        let mut frozen = v.clone();
+        frozen["immutable"] = json!(true);
+        let mut changed = frozen.clone();
+        changed["data"]["MODE"] = json!("dev");
+        assert_eq!(
+            errors(validate_config_map(&changed, Some(&frozen))),
+            vec!["data: Forbidden: field is immutable when `immutable` is set"]
+        );
+        let mut thawed = frozen.clone();
+        thawed["immutable"] = json!(false);
+        assert_eq!(
+            errors(validate_config_map(&thawed, Some(&frozen))),
+            vec!["immutable: Forbidden: field is immutable when `immutable` is set"]
+        );
+        assert!(
+            validate_config_map(&frozen, Some(&v)).is_empty(),
+            "making it immutable is an update like any other"
+        );
+    }
+
+    #[test]
+    fn secrets() {
+        let mut v = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "default", "creationTimestamp": "2025-01-01T11:59:30Z"},
+            "data": {"password": "aHVudGVyMg=="}});
+        default_secret(&mut v);
+        assert_eq!(v["type"], "Opaque");
+        assert!(validate_secret(&v, None).is_empty());
+        assert_eq!(
+            secret_row(&v, now()),
+            vec![json!("s"), json!("Opaque"), json!(1), json!("30s")]
+        );
+        assert_eq!(secret_field(&v, "type").as_deref(), Some("Opaque"));
+        let mut retyped = v.clone();
+        retyped["type"] = json!("kubernetes.io/tls");
+        let errs = errors(validate_secret(&retyped, Some(&v)));
+        assert_eq!(
+            errs,
+            vec![
+                "data[tls.crt]: Required value",
+                "data[tls.key]: Required value",
+                "type: Invalid value: \"kubernetes.io/tls\": field is immutable",
+            ]
+        );
+    }
+
+    #[test]
+    fn service_accounts_and_bindings() {
+        let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "default", "creationTimestamp": "2025-01-01T10:00:00Z"}});
+        assert!(validate_service_account(&sa, None).is_empty());
+        assert_eq!(
+            service_account_row(&sa, now()),
+            vec![json!("default"), json!(0), json!("120m")]
+        );
+        let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-1", "namespace": "default"}, "target": {"kind": "Pod", "name": ""}});
+        assert_eq!(
+            errors(validate_binding(&binding, None)),
+            vec![
+                "target.name: Required value",
+                "target.kind: Invalid value: \"Pod\": must be empty or 'Node'",
+            ]
+        );
+    }
+
+    #[test]
+    fn endpoints() {
+        let mut v = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": "default", "creationTimestamp": "2025-01-01T11:59:58Z"},
+            "subsets": [{"addresses": [{"ip": "10.244.1.5"}, {"ip": "10.244.2.7"}], "ports": [{"port": 80}]},
+                        {"addresses": [{"ip": "10.244.3.2"}, {"ip": "10.244.3.3"}], "ports": [{"port": 80}]}]});
+        default_endpoints(&mut v);
+        assert_eq!(v["subsets"][0]["ports"][0]["protocol"], "TCP");
+        assert!(validate_endpoints(&v, None).is_empty());
+        // kubectl: ENDPOINTS shows three, then the rest as "+ N more...".
+        assert_eq!(
+            endpoints_row(&v, now())[1],
+            "10.244.1.5:80,10.244.2.7:80,10.244.3.2:80 + 1 more..."
+        );
+        let empty = json!({"metadata": {"name": "web", "namespace": "default"}});
+        assert_eq!(endpoints_row(&empty, now())[1], "<none>");
+        let mut bad = v.clone();
+        bad["subsets"][0]["addresses"][0]["ip"] = json!("nope");
+        assert_eq!(
+            validate_endpoints(&bad, None)[0].field,
+            "subsets[0].addresses[0].ip"
+        );
+    }
+}

@@ -200,3 +200,75 @@ pub fn row(v: &Value, now: Timestamp) -> Vec<Value> {
         age_cell(&s.metadata, now),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2025-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    fn slice() -> Value {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-abc12", "namespace": "default", "creationTimestamp": "2025-01-01T11:59:50Z",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.1.5"], "conditions": {"ready": true}},
+                          {"addresses": ["10.244.2.7"], "conditions": {"ready": false}}],
+            "ports": [{"name": "http", "port": 8080}]})
+    }
+
+    #[test]
+    fn rows_and_defaults() {
+        let mut v = slice();
+        default(&mut v);
+        assert_eq!(v["ports"][0]["protocol"], "TCP");
+        assert!(validate(&v, None).is_empty());
+        // NAME ADDRESSTYPE PORTS ENDPOINTS AGE
+        assert_eq!(
+            row(&v, now()),
+            vec![
+                json!("web-abc12"),
+                json!("IPv4"),
+                json!("8080"),
+                json!("10.244.1.5,10.244.2.7"),
+                json!("10s")
+            ]
+        );
+        let mut empty = v.clone();
+        empty["endpoints"] = json!([]);
+        empty["ports"] = json!([]);
+        assert_eq!(
+            &row(&empty, now())[2..4],
+            &[json!("<unset>"), json!("<unset>")]
+        );
+        let mut many = v.clone();
+        many["endpoints"] = json!((1..=5)
+            .map(|i| json!({"addresses": [format!("10.0.0.{i}")]}))
+            .collect::<Vec<_>>());
+        assert_eq!(
+            row(&many, now())[3],
+            "10.0.0.1,10.0.0.2,10.0.0.3 + 2 more..."
+        );
+    }
+
+    #[test]
+    fn validation() {
+        let v = slice();
+        let mut bad = v.clone();
+        bad["endpoints"][0]["addresses"][0] = json!("fe80::1");
+        bad["ports"][0]["protocol"] = json!("ICMP");
+        let errs: Vec<String> = validate(&bad, None).into_iter().map(|e| e.field).collect();
+        assert_eq!(errs, ["endpoints[0].addresses[0]", "ports[0].protocol"]);
+        let mut v6 = v.clone();
+        v6["addressType"] = json!("IPv6");
+        v6["endpoints"] = json!([{"addresses": ["fd00::5"]}]);
+        assert!(validate(&v6, None).is_empty());
+        assert_eq!(
+            validate(&v6, Some(&v))[0].message,
+            "Invalid value: \"IPv6\": field is immutable"
+        );
+    }
+}

@@ -318,3 +318,132 @@ pub fn events_v1_field(v: &Value, field: &str) -> Option<String> {
         _ => meta_field(v, field),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2025-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    fn scheduled() -> Value {
+        json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "web-1.17a8e5f3", "namespace": "default"},
+            "involvedObject": {"kind": "Pod", "namespace": "default", "name": "web-1", "uid": "u-1", "apiVersion": "v1", "resourceVersion": "42"},
+            "reason": "Scheduled", "message": "Successfully assigned default/web-1 to node-1", "type": "Normal",
+            "source": {"component": "default-scheduler"},
+            "firstTimestamp": "2025-01-01T11:59:55Z", "lastTimestamp": "2025-01-01T11:59:55Z", "count": 1})
+    }
+
+    #[test]
+    fn core_rows_like_kubectl() {
+        // LAST SEEN TYPE REASON OBJECT MESSAGE (+ SUBOBJECT SOURCE FIRST SEEN COUNT NAME)
+        assert_eq!(
+            core_row(&scheduled(), now()),
+            vec![
+                json!("5s"),
+                json!("Normal"),
+                json!("Scheduled"),
+                json!("pod/web-1"),
+                json!(""),
+                json!("default-scheduler"),
+                json!("Successfully assigned default/web-1 to node-1"),
+                json!("5s"),
+                json!(1),
+                json!("web-1.17a8e5f3")
+            ]
+        );
+        let mut backoff = scheduled();
+        backoff["reason"] = json!("BackOff");
+        backoff["type"] = json!("Warning");
+        backoff["involvedObject"]["fieldPath"] = json!("spec.containers{web}");
+        backoff["source"] = json!({"component": "kubelet", "host": "node-1"});
+        backoff["firstTimestamp"] = json!("2025-01-01T11:50:00Z");
+        backoff["count"] = json!(7);
+        let cells = core_row(&backoff, now());
+        assert_eq!(cells[0], "5s");
+        assert_eq!(cells[4], "spec.containers{web}");
+        assert_eq!(cells[5], "kubelet, node-1");
+        assert_eq!(cells[7], "10m");
+        assert_eq!(cells[8], 7);
+        let names: Vec<String> = columns()
+            .into_iter()
+            .filter(|c| c.priority == 0)
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(names, ["Last Seen", "Type", "Reason", "Object", "Message"]);
+    }
+
+    #[test]
+    fn series_and_new_style_events() {
+        let v = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "e", "namespace": "default"},
+            "eventTime": "2025-01-01T11:58:00.000000Z",
+            "series": {"count": 4, "lastObservedTime": "2025-01-01T11:59:30.000000Z"},
+            "regarding": {"kind": "Pod", "name": "web-1", "namespace": "default"},
+            "reason": "Pulling", "action": "Pull", "note": "Pulling image \"nginx\"", "type": "Normal",
+            "reportingController": "kubelet", "reportingInstance": "node-1"});
+        assert!(validate_events_v1(&v, None).is_empty());
+        let cells = events_v1_row(&v, now());
+        assert_eq!(
+            (cells[0].as_str(), cells[3].as_str(), cells[5].as_str()),
+            (Some("30s"), Some("pod/web-1"), Some("kubelet, node-1"))
+        );
+        assert_eq!(
+            (cells[7].as_str(), cells[8].as_i64()),
+            (Some("2m"), Some(4))
+        );
+        assert_eq!(
+            events_v1_field(&v, "regarding.name").as_deref(),
+            Some("web-1")
+        );
+        assert_eq!(
+            events_v1_field(&v, "involvedObject.kind").as_deref(),
+            Some("Pod")
+        );
+        let mut bad = v.clone();
+        bad["type"] = json!("Info");
+        bad.as_object_mut().unwrap().remove("action");
+        let errs: Vec<String> = validate_events_v1(&bad, None)
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
+        assert_eq!(
+            errs,
+            vec![
+                "type: Unsupported value: \"Info\": supported values: \"Normal\", \"Warning\"",
+                "action: Required value"
+            ]
+        );
+    }
+
+    #[test]
+    fn validation_and_fields() {
+        assert!(validate_core(&scheduled(), None).is_empty());
+        let mut elsewhere = scheduled();
+        elsewhere["involvedObject"]["namespace"] = json!("other");
+        assert_eq!(
+            validate_core(&elsewhere, None)[0].message,
+            "Invalid value: \"other\": does not match event.namespace"
+        );
+        let v = scheduled();
+        for (f, want) in [
+            ("involvedObject.name", "web-1"),
+            ("involvedObject.namespace", "default"),
+            ("involvedObject.uid", "u-1"),
+            ("involvedObject.kind", "Pod"),
+            ("involvedObject.apiVersion", "v1"),
+            ("involvedObject.resourceVersion", "42"),
+            ("involvedObject.fieldPath", ""),
+            ("reason", "Scheduled"),
+            ("type", "Normal"),
+            ("source", "default-scheduler"),
+        ] {
+            assert_eq!(core_field(&v, f).as_deref(), Some(want), "{f}");
+        }
+        assert_eq!(core_field(&v, "involvedObject.bogus"), None);
+        assert_eq!(core_field(&v, "message"), None);
+    }
+}

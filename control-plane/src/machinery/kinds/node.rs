@@ -221,3 +221,102 @@ pub fn field(v: &Value, field: &str) -> Option<String> {
         _ => meta_field(v, field),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2025-01-03T15:00:00Z".parse().unwrap()
+    }
+
+    fn node() -> Value {
+        json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node-1", "creationTimestamp": "2025-01-01T12:00:00Z",
+                "labels": {"node-role.kubernetes.io/control-plane": "", "kubernetes.io/hostname": "node-1"}},
+            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]},
+            "status": {"conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": "True"}],
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.11"}, {"type": "Hostname", "address": "node-1"}],
+                "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+                "nodeInfo": {"kubeletVersion": "v1.33.0", "osImage": "Debian GNU/Linux 12 (bookworm)", "kernelVersion": "6.18.0",
+                    "containerRuntimeVersion": "containerd://1.6.20", "architecture": "amd64", "bootID": "", "kubeProxyVersion": "",
+                    "machineID": "", "operatingSystem": "linux", "systemUUID": ""}}})
+    }
+
+    #[test]
+    fn rows_like_kubectl() {
+        let mut v = node();
+        default(&mut v);
+        assert_eq!(v["status"]["allocatable"], v["status"]["capacity"]);
+        // NAME STATUS ROLES AGE VERSION INTERNAL-IP EXTERNAL-IP OS-IMAGE KERNEL-VERSION CONTAINER-RUNTIME
+        assert_eq!(
+            row(&v, now()),
+            vec![
+                json!("node-1"),
+                json!("Ready"),
+                json!("control-plane"),
+                json!("2d3h"),
+                json!("v1.33.0"),
+                json!("10.0.0.11"),
+                json!("<none>"),
+                json!("Debian GNU/Linux 12 (bookworm)"),
+                json!("6.18.0"),
+                json!("containerd://1.6.20")
+            ]
+        );
+        let mut cordoned = v.clone();
+        cordoned["spec"]["unschedulable"] = json!(true);
+        cordoned["status"]["conditions"][1]["status"] = json!("Unknown");
+        assert_eq!(row(&cordoned, now())[1], "NotReady,SchedulingDisabled");
+        assert_eq!(
+            field(&cordoned, "spec.unschedulable").as_deref(),
+            Some("true")
+        );
+        assert_eq!(field(&v, "spec.unschedulable").as_deref(), Some("false"));
+        let mut fresh = v.clone();
+        fresh["status"]["conditions"] = json!([]);
+        fresh["metadata"]["labels"] = json!({});
+        let cells = row(&fresh, now());
+        assert_eq!(
+            (cells[1].as_str(), cells[2].as_str()),
+            (Some("Unknown"), Some("<none>"))
+        );
+    }
+
+    #[test]
+    fn validation() {
+        let v = node();
+        assert!(validate(&v, None).is_empty());
+        let mut tainted = v.clone();
+        tainted["spec"]["taints"] = json!([{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+                                           {"key": "dedicated", "value": "x", "effect": "NoSchedule"},
+                                           {"key": "k", "effect": "Sometimes"}]);
+        let errs: Vec<String> = validate(&tainted, None)
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
+        assert_eq!(errs, vec![
+            "spec.taints[1]: Duplicate value: \"dedicated:NoSchedule\"",
+            "spec.taints[2].effect: Unsupported value: \"Sometimes\": supported values: \"NoExecute\", \"NoSchedule\", \"PreferNoSchedule\"",
+        ]);
+        let mut moved = v.clone();
+        moved["spec"]["podCIDRs"] = json!(["10.244.2.0/24"]);
+        assert_eq!(validate(&moved, Some(&v))[0].field, "spec.podCIDRs");
+        let mut unset = v.clone();
+        unset["spec"] = json!({});
+        assert!(
+            validate(&v, Some(&unset)).is_empty(),
+            "a CIDR may be set once"
+        );
+        let mut namespaced = v.clone();
+        namespaced["metadata"]["namespace"] = json!("default");
+        assert_eq!(
+            validate(&namespaced, None)[0].message,
+            "Forbidden: not allowed on this type"
+        );
+        let mut bad = v.clone();
+        bad["spec"]["podCIDRs"] = json!(["10.244.1.0/33"]);
+        assert_eq!(validate(&bad, None)[0].field, "spec.podCIDRs[0]");
+    }
+}

@@ -996,3 +996,359 @@ pub fn field(v: &Value, field: &str) -> Option<String> {
     };
     Some(scalar_at(v, pointer))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2025-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    fn pod(spec: Value, status: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "web-1", "namespace": "default", "creationTimestamp": "2025-01-01T11:55:00Z"},
+               "spec": spec, "status": status})
+    }
+
+    fn one_container() -> Value {
+        json!({"containers": [{"name": "web", "image": "nginx:1.27"}]})
+    }
+
+    #[test]
+    fn pull_policy_follows_the_tag() {
+        assert_eq!(default_pull_policy("nginx"), "Always");
+        assert_eq!(default_pull_policy("nginx:latest"), "Always");
+        assert_eq!(default_pull_policy("nginx:1.27"), "IfNotPresent");
+        assert_eq!(default_pull_policy("127.0.0.1:5000/skiff/echo"), "Always");
+        assert_eq!(
+            default_pull_policy("127.0.0.1:5000/skiff/echo:v1"),
+            "IfNotPresent"
+        );
+        assert_eq!(default_pull_policy("nginx@sha256:abcd"), "IfNotPresent");
+    }
+
+    #[test]
+    fn pod_defaults_like_kubernetes() {
+        let mut v = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "web", "image": "nginx",
+                "ports": [{"containerPort": 80}],
+                "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+                "livenessProbe": {"httpGet": {"port": 80}},
+                "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}],
+                "volumes": [{"name": "scratch"}, {"name": "cfg", "configMap": {"name": "c"}}]}});
+        default(&mut v);
+        let spec = &v["spec"];
+        assert_eq!(spec["restartPolicy"], "Always");
+        assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+        assert_eq!(spec["dnsPolicy"], "ClusterFirst");
+        assert_eq!(spec["schedulerName"], "default-scheduler");
+        assert_eq!(spec["serviceAccountName"], "default");
+        assert_eq!(spec["enableServiceLinks"], true);
+        assert_eq!(spec["priority"], 0);
+        let c = &spec["containers"][0];
+        assert_eq!(c["imagePullPolicy"], "Always");
+        assert_eq!(c["terminationMessagePath"], "/dev/termination-log");
+        assert_eq!(c["terminationMessagePolicy"], "File");
+        assert_eq!(c["ports"][0]["protocol"], "TCP");
+        assert_eq!(
+            c["resources"]["requests"],
+            json!({"cpu": "500m", "memory": "64Mi"})
+        );
+        assert_eq!(
+            c["livenessProbe"],
+            json!({"httpGet": {"port": 80, "path": "/", "scheme": "HTTP"}, "timeoutSeconds": 1,
+                   "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3})
+        );
+        assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["apiVersion"], "v1");
+        assert_eq!(spec["volumes"][0]["emptyDir"], json!({}));
+        assert_eq!(spec["volumes"][1]["configMap"]["defaultMode"], 420);
+        assert_eq!(
+            spec["tolerations"],
+            json!([
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            ])
+        );
+        assert_eq!(
+            v["status"],
+            json!({"phase": "Pending", "qosClass": "Guaranteed"})
+        );
+    }
+
+    #[test]
+    fn own_tolerations_win() {
+        let mut t = vec![Toleration {
+            key: Some(NOT_READY_TAINT.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            toleration_seconds: Some(5),
+            value: None,
+        }];
+        add_default_tolerations(&mut t);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].toleration_seconds, Some(5));
+        let mut all = vec![Toleration {
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }];
+        add_default_tolerations(&mut all);
+        assert_eq!(all.len(), 1, "a wildcard toleration tolerates both");
+    }
+
+    #[test]
+    fn qos_classes() {
+        let spec = |resources: Value| -> PodSpec {
+            serde_json::from_value(json!({"containers": [{"name": "c", "resources": resources}]}))
+                .unwrap()
+        };
+        assert_eq!(qos_class(&spec(json!({}))), "BestEffort");
+        assert_eq!(
+            qos_class(&spec(json!({"requests": {"cpu": "1"}}))),
+            "Burstable"
+        );
+        assert_eq!(
+            qos_class(&spec(json!({"limits": {"cpu": "1", "memory": "1Gi"}}))),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&spec(
+                json!({"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m"}})
+            )),
+            "Burstable"
+        );
+    }
+
+    fn errors(v: &Value, old: Option<&Value>) -> Vec<String> {
+        validate(v, old)
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect()
+    }
+
+    #[test]
+    fn spec_validation_messages() {
+        assert!(errors(&pod(one_container(), json!({})), None).is_empty());
+        let bad = pod(
+            json!({"restartPolicy": "Sometimes",
+                   "containers": [
+                       {"name": "web", "image": "", "ports": [{"containerPort": 0}, {"containerPort": 80, "protocol": "HTTP"}],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "2"}}},
+                       {"name": "web", "image": "x", "imagePullPolicy": "Sometimes"}]}),
+            json!({}),
+        );
+        let errs = errors(&bad, None);
+        let expected = [
+            "spec.containers[0].image: Required value",
+            "spec.containers[0].ports[0].containerPort: Invalid value: 0: must be between 1 and 65535, inclusive",
+            "spec.containers[0].ports[1].protocol: Unsupported value: \"HTTP\": supported values: \"SCTP\", \"TCP\", \"UDP\"",
+            "spec.containers[0].volumeMounts[0].name: Not found: \"data\"",
+            "spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1",
+            "spec.containers[1].name: Duplicate value: \"web\"",
+            "spec.containers[1].imagePullPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"IfNotPresent\", \"Never\"",
+            "spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"Never\", \"OnFailure\"",
+        ];
+        for e in expected {
+            assert!(errs.iter().any(|x| x == e), "missing {e:?} in {errs:#?}");
+        }
+        assert_eq!(errs.len(), expected.len(), "{errs:#?}");
+        assert_eq!(
+            errors(&pod(json!({"containers": []}), json!({})), None),
+            vec!["spec.containers: Required value"]
+        );
+    }
+
+    #[test]
+    fn pods_are_mostly_immutable() {
+        let mut old = pod(one_container(), json!({}));
+        default(&mut old);
+        let mut image = old.clone();
+        image["spec"]["containers"][0]["image"] = json!("nginx:1.28");
+        assert!(errors(&image, Some(&old)).is_empty());
+        let mut more_tolerations = old.clone();
+        more_tolerations["spec"]["tolerations"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"key": "k", "operator": "Exists"}));
+        assert!(errors(&more_tolerations, Some(&old)).is_empty());
+        let mut fewer = old.clone();
+        fewer["spec"]["tolerations"] = json!([]);
+        assert_eq!(errors(&fewer, Some(&old))[0], "spec.tolerations: Forbidden: existing toleration can not be modified except its tolerationSeconds");
+        let mut restart = old.clone();
+        restart["spec"]["restartPolicy"] = json!("Never");
+        let errs = errors(&restart, Some(&old));
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].starts_with("spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`"));
+        let mut deadline = old.clone();
+        deadline["spec"]["activeDeadlineSeconds"] = json!(30);
+        assert!(errors(&deadline, Some(&old)).is_empty());
+        let mut longer = deadline.clone();
+        longer["spec"]["activeDeadlineSeconds"] = json!(60);
+        assert_eq!(errors(&longer, Some(&deadline)), vec!["spec.activeDeadlineSeconds: Invalid value: \"60\": must be less than or equal to previous value"]);
+        let mut renamed = old.clone();
+        renamed["metadata"]["name"] = json!("other");
+        assert_eq!(
+            errors(&renamed, Some(&old)),
+            vec!["metadata.name: Invalid value: \"other\": field is immutable"]
+        );
+    }
+
+    fn status_of(spec: Value, status: Value) -> (String, String, String) {
+        let cells = row(&pod(spec, status), now());
+        (
+            cells[1].as_str().unwrap().to_string(),
+            cells[2].as_str().unwrap().to_string(),
+            cells[3].as_str().unwrap().to_string(),
+        )
+    }
+
+    fn s(a: &str, b: &str, c: &str) -> (String, String, String) {
+        (a.into(), b.into(), c.into())
+    }
+
+    // Each case is what kubectl 1.33 prints for a pod in that state.
+    #[test]
+    fn status_column_like_kubectl() {
+        let c = one_container;
+        assert_eq!(
+            status_of(c(), json!({"phase": "Pending"})),
+            s("0/1", "Pending", "0")
+        );
+        assert_eq!(
+            status_of(
+                c(),
+                json!({"phase": "Pending", "containerStatuses": [{"name": "web", "image": "nginx:1.27", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}}]})
+            ),
+            s("0/1", "ContainerCreating", "0")
+        );
+        assert_eq!(
+            status_of(
+                c(),
+                json!({"phase": "Running", "containerStatuses": [{"name": "web", "image": "nginx:1.27", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {"startedAt": "2025-01-01T11:56:00Z"}}}]})
+            ),
+            s("1/1", "Running", "0")
+        );
+        assert_eq!(
+            status_of(
+                c(),
+                json!({"phase": "Running", "containerStatuses": [{"name": "web", "image": "nginx:1.27", "imageID": "", "ready": false, "restartCount": 3,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2025-01-01T11:58:00Z"}}}]})
+            ),
+            s("0/1", "CrashLoopBackOff", "3 (2m ago)")
+        );
+        for reason in ["ImagePullBackOff", "ErrImagePull"] {
+            assert_eq!(
+                status_of(
+                    c(),
+                    json!({"phase": "Pending", "containerStatuses": [{"name": "web", "image": "nope", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": reason}}}]})
+                ),
+                s("0/1", reason, "0")
+            );
+        }
+        assert_eq!(
+            status_of(
+                c(),
+                json!({"phase": "Succeeded", "containerStatuses": [{"name": "web", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]})
+            ),
+            s("0/1", "Completed", "0")
+        );
+        assert_eq!(
+            status_of(
+                c(),
+                json!({"phase": "Failed", "containerStatuses": [{"name": "web", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 137}}}]})
+            ),
+            s("0/1", "ExitCode:137", "0")
+        );
+        let with_init = json!({"initContainers": [{"name": "init", "image": "busybox"}], "containers": [{"name": "web", "image": "nginx"}]});
+        assert_eq!(
+            status_of(
+                with_init.clone(),
+                json!({"phase": "Pending", "initContainerStatuses": [{"name": "init", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"running": {}}}]})
+            ),
+            s("0/1", "Init:0/1", "0")
+        );
+        assert_eq!(
+            status_of(
+                with_init.clone(),
+                json!({"phase": "Pending", "initContainerStatuses": [{"name": "init", "image": "busybox", "imageID": "", "ready": false, "restartCount": 2,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]})
+            ),
+            s("0/1", "Init:CrashLoopBackOff", "2")
+        );
+        assert_eq!(
+            status_of(
+                with_init,
+                json!({"phase": "Pending", "initContainerStatuses": [{"name": "init", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]})
+            ),
+            s("0/1", "Init:Error", "0")
+        );
+        let mut terminating = pod(c(), json!({"phase": "Running"}));
+        terminating["metadata"]["deletionTimestamp"] = json!("2025-01-01T11:59:30Z");
+        assert_eq!(row(&terminating, now())[2], "Terminating");
+    }
+
+    #[test]
+    fn wide_columns_and_fields() {
+        let mut v = pod(
+            json!({"nodeName": "node-1", "containers": [{"name": "web", "image": "nginx"}],
+                   "readinessGates": [{"conditionType": "example.com/ready"}]}),
+            json!({"phase": "Running", "podIP": "10.244.1.5", "podIPs": [{"ip": "10.244.1.5"}],
+                   "conditions": [{"type": "example.com/ready", "status": "True"}]}),
+        );
+        let cells = row(&v, now());
+        assert_eq!(cells[0], "web-1");
+        assert_eq!(cells[4], "5m");
+        assert_eq!(
+            &cells[5..],
+            &[
+                json!("10.244.1.5"),
+                json!("node-1"),
+                json!("<none>"),
+                json!("1/1")
+            ]
+        );
+        assert_eq!(field(&v, "spec.nodeName").as_deref(), Some("node-1"));
+        assert_eq!(field(&v, "status.phase").as_deref(), Some("Running"));
+        assert_eq!(field(&v, "status.podIP").as_deref(), Some("10.244.1.5"));
+        assert_eq!(field(&v, "spec.hostNetwork").as_deref(), Some("false"));
+        assert_eq!(field(&v, "metadata.namespace").as_deref(), Some("default"));
+        assert_eq!(field(&v, "spec.containers"), None);
+        v["spec"].as_object_mut().unwrap().remove("nodeName");
+        assert_eq!(field(&v, "spec.nodeName").as_deref(), Some(""));
+        assert_eq!(row(&v, now())[6], "<none>");
+    }
+
+    proptest! {
+        // Defaulting any combination of optional fields is idempotent and leaves a valid pod valid.
+        #[test]
+        fn defaulting_is_idempotent(image in prop_oneof![Just("nginx"), Just("nginx:1.27"), Just("r:5000/a@sha256:1")],
+                                    policy in proptest::option::of(prop_oneof![Just("Always"), Just("Never")]),
+                                    ports in proptest::collection::vec(1..65535i32, 0..3),
+                                    host_network in any::<bool>()) {
+            let mut ports: Vec<i32> = ports;
+            ports.sort();
+            ports.dedup();
+            let mut v = pod(json!({"hostNetwork": host_network, "containers": [{"name": "c", "image": image,
+                "ports": ports.iter().map(|p| json!({"containerPort": p})).collect::<Vec<_>>()}]}), json!({}));
+            if let Some(p) = policy {
+                v["spec"]["restartPolicy"] = json!(p);
+            }
+            default(&mut v);
+            let once = v.clone();
+            default(&mut v);
+            prop_assert_eq!(&v, &once);
+            prop_assert!(validate(&v, None).is_empty(), "{:?}", validate(&v, None));
+        }
+    }
+}

@@ -350,3 +350,163 @@ pub fn field(v: &Value, field: &str) -> Option<String> {
         _ => meta_field(v, field),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2025-01-01T12:00:00Z".parse().unwrap()
+    }
+
+    /// What `kubectl expose deployment web --port=80` sends.
+    fn exposed() -> Value {
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}, "creationTimestamp": "2025-01-01T11:59:55Z"},
+            "spec": {"ports": [{"port": 80, "protocol": "TCP", "targetPort": 80}], "selector": {"app": "web"}},
+            "status": {"loadBalancer": {}}})
+    }
+
+    fn errors(v: &Value, old: Option<&Value>) -> Vec<String> {
+        validate(v, old)
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let mut v = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "default"},
+            "spec": {"sessionAffinity": "ClientIP", "ports": [{"port": 443}]}});
+        default(&mut v);
+        let spec = &v["spec"];
+        assert_eq!(spec["type"], "ClusterIP");
+        assert_eq!(
+            spec["ports"][0],
+            json!({"port": 443, "protocol": "TCP", "targetPort": 443})
+        );
+        assert_eq!(
+            spec["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"],
+            10800
+        );
+        assert_eq!(spec["internalTrafficPolicy"], "Cluster");
+        assert_eq!(spec["ipFamilies"], json!(["IPv4"]));
+        assert_eq!(spec["ipFamilyPolicy"], "SingleStack");
+        assert!(spec.get("externalTrafficPolicy").is_none());
+        let mut np = exposed();
+        np["spec"]["type"] = json!("NodePort");
+        np["spec"]["clusterIP"] = json!("10.96.0.10");
+        default(&mut np);
+        assert_eq!(np["spec"]["externalTrafficPolicy"], "Cluster");
+        assert_eq!(np["spec"]["clusterIPs"], json!(["10.96.0.10"]));
+        assert_eq!(np["spec"]["sessionAffinity"], "None");
+    }
+
+    #[test]
+    fn validation() {
+        let mut v = exposed();
+        default(&mut v);
+        assert!(errors(&v, None).is_empty());
+        let mut bad = v.clone();
+        bad["metadata"]["name"] = json!("1web");
+        bad["spec"]["type"] = json!("Magic");
+        bad["spec"]["ports"] =
+            json!([{"port": 0, "nodePort": 30080}, {"port": 80, "targetPort": "-bad"}]);
+        let errs = errors(&bad, None);
+        for e in [
+            "spec.type: Unsupported value: \"Magic\": supported values: \"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePort\"",
+            "spec.ports[0].name: Required value",
+            "spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive",
+            "spec.ports[1].name: Required value",
+        ] {
+            assert!(errs.iter().any(|x| x == e), "missing {e:?} in {errs:#?}");
+        }
+        assert!(errs
+            .iter()
+            .any(|e| e.starts_with("metadata.name: Invalid value: \"1web\": a DNS-1035 label")));
+        assert!(errs
+            .iter()
+            .any(|e| e.starts_with("spec.ports[1].targetPort: Invalid value: \"-bad\"")));
+        let mut np_on_cluster_ip = v.clone();
+        np_on_cluster_ip["spec"]["ports"][0]["nodePort"] = json!(30080);
+        assert_eq!(
+            errors(&np_on_cluster_ip, None),
+            vec!["spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'"]
+        );
+        let mut no_ports = v.clone();
+        no_ports["spec"]["ports"] = json!([]);
+        assert_eq!(errors(&no_ports, None), vec!["spec.ports: Required value"]);
+        let mut headless = no_ports.clone();
+        headless["spec"]["clusterIP"] = json!("None");
+        assert!(errors(&headless, None).is_empty());
+        let mut bad_ip = v.clone();
+        bad_ip["spec"]["clusterIP"] = json!("10.96.0.300");
+        assert_eq!(errors(&bad_ip, None), vec!["spec.clusterIPs[0]: Invalid value: \"10.96.0.300\": must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)"]);
+    }
+
+    #[test]
+    fn cluster_ip_is_immutable_once_set() {
+        let mut unset = exposed();
+        default(&mut unset);
+        let mut set = unset.clone();
+        set["spec"]["clusterIP"] = json!("10.96.0.10");
+        assert!(
+            errors(&set, Some(&unset)).is_empty(),
+            "setting it the first time is fine"
+        );
+        let mut changed = set.clone();
+        changed["spec"]["clusterIP"] = json!("10.96.0.11");
+        assert_eq!(
+            errors(&changed, Some(&set)),
+            vec!["spec.clusterIP: Invalid value: \"10.96.0.11\": field is immutable"]
+        );
+        let mut external = changed.clone();
+        external["spec"]["type"] = json!("ExternalName");
+        external["spec"]["externalName"] = json!("example.com");
+        external["spec"]["clusterIP"] = json!("");
+        assert!(errors(&external, Some(&set)).is_empty());
+    }
+
+    #[test]
+    fn rows_like_kubectl() {
+        let mut v = exposed();
+        v["spec"]["clusterIP"] = json!("10.96.0.10");
+        default(&mut v);
+        // NAME TYPE CLUSTER-IP EXTERNAL-IP PORT(S) AGE SELECTOR
+        assert_eq!(
+            row(&v, now()),
+            vec![
+                json!("web"),
+                json!("ClusterIP"),
+                json!("10.96.0.10"),
+                json!("<none>"),
+                json!("80/TCP"),
+                json!("5s"),
+                json!("app=web")
+            ]
+        );
+        let mut np = v.clone();
+        np["spec"]["type"] = json!("NodePort");
+        np["spec"]["ports"][0]["nodePort"] = json!(30080);
+        np["spec"]["ports"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}));
+        assert_eq!(row(&np, now())[4], "80:30080/TCP,53:30053/UDP");
+        let mut lb = v.clone();
+        lb["spec"]["type"] = json!("LoadBalancer");
+        assert_eq!(row(&lb, now())[3], "<pending>");
+        lb["status"]["loadBalancer"]["ingress"] = json!([{"ip": "192.0.2.1"}]);
+        assert_eq!(row(&lb, now())[3], "192.0.2.1");
+        let mut headless = v.clone();
+        headless["spec"]["clusterIP"] = json!("None");
+        headless["spec"]["clusterIPs"] = json!(["None"]);
+        headless["spec"].as_object_mut().unwrap().remove("selector");
+        let cells = row(&headless, now());
+        assert_eq!(cells[2], "None");
+        assert_eq!(cells[6], "<none>");
+        assert_eq!(field(&v, "spec.clusterIP").as_deref(), Some("10.96.0.10"));
+        assert_eq!(field(&v, "spec.type").as_deref(), Some("ClusterIP"));
+    }
+}
