@@ -20,6 +20,9 @@ pub use group_kind::GroupKind;
 pub use kinds::{rules, KindRules};
 pub use patch::PatchType;
 pub use quantity::Quantity;
-pub use selectors::{FieldRequirement, FieldSelector, LabelSelector};
+pub use selectors::{
+    node_selector_matches, node_selector_term_matches, FieldRequirement, FieldSelector,
+    LabelSelector,
+};
 pub use status::{ApiError, CauseType, FieldError, Reason};
 pub use table::TableColumnDefinition;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 
 use super::status::ApiError;
@@ -288,6 +288,41 @@ impl LabelSelector {
                 .then(|| r.values[0].as_str())
         })
     }
+}
+
+/// Whether a node satisfies one NodeSelectorTerm: its `matchExpressions` over the node's
+/// labels and its `matchFields` over the node's fields (`metadata.name`), all of them.
+/// A term with neither, or one that does not parse, matches nothing, as in Kubernetes.
+pub fn node_selector_term_matches(
+    term: &NodeSelectorTerm,
+    labels: &BTreeMap<String, String>,
+    node_name: &str,
+) -> bool {
+    let expressions = term.match_expressions.as_deref().unwrap_or(&[]);
+    let fields = term.match_fields.as_deref().unwrap_or(&[]);
+    if expressions.is_empty() && fields.is_empty() {
+        return false;
+    }
+    let field_values: BTreeMap<String, String> =
+        [("metadata.name".to_string(), node_name.to_string())].into();
+    let by_labels = LabelSelector::from_node_selector_requirements(expressions);
+    let by_fields = LabelSelector::from_node_selector_requirements(fields);
+    match (by_labels, by_fields) {
+        (Ok(l), Ok(f)) => l.matches(labels) && f.matches(&field_values),
+        _ => false,
+    }
+}
+
+/// Node affinity's required selector: the terms are ORed.
+pub fn node_selector_matches(
+    selector: &NodeSelector,
+    labels: &BTreeMap<String, String>,
+    node_name: &str,
+) -> bool {
+    selector
+        .node_selector_terms
+        .iter()
+        .any(|t| node_selector_term_matches(t, labels, node_name))
 }
 
 /// Kubernetes' text form (`app=web,tier in (a,b)`); kubectl's wide SELECTOR column prints it,
@@ -819,6 +854,47 @@ mod tests {
         let s = LabelSelector::from_node_selector_requirements(&reqs).unwrap();
         assert!(s.matches(&labels(&[("kubernetes.io/os", "linux"), ("cpus", "8")])));
         assert!(!s.matches(&labels(&[("kubernetes.io/os", "linux"), ("cpus", "4")])));
+    }
+
+    #[test]
+    fn node_selector_terms() {
+        let term = |exprs: Vec<(&str, &str, Vec<&str>)>, fields: Vec<(&str, &str, Vec<&str>)>| {
+            let reqs = |v: Vec<(&str, &str, Vec<&str>)>| {
+                Some(
+                    v.into_iter()
+                        .map(|(k, op, vals)| NodeSelectorRequirement {
+                            key: k.into(),
+                            operator: op.into(),
+                            values: Some(vals.into_iter().map(String::from).collect()),
+                        })
+                        .collect(),
+                )
+            };
+            NodeSelectorTerm {
+                match_expressions: reqs(exprs),
+                match_fields: reqs(fields),
+            }
+        };
+        let node = labels(&[("zone", "a"), ("gpus", "2")]);
+        let zone_a = term(vec![("zone", "In", vec!["a", "b"])], vec![]);
+        let named = term(vec![], vec![("metadata.name", "In", vec!["node-1"])]);
+        let big = term(vec![("gpus", "Gt", vec!["4"])], vec![]);
+        assert!(node_selector_term_matches(&zone_a, &node, "node-2"));
+        assert!(node_selector_term_matches(&named, &node, "node-1"));
+        assert!(!node_selector_term_matches(&named, &node, "node-2"));
+        assert!(!node_selector_term_matches(&big, &node, "node-1"));
+        assert!(!node_selector_term_matches(
+            &term(vec![], vec![]),
+            &node,
+            "node-1"
+        ));
+        let bad = term(vec![("zone", "Near", vec!["a"])], vec![]);
+        assert!(!node_selector_term_matches(&bad, &node, "node-1"));
+        let selector = NodeSelector {
+            node_selector_terms: vec![big, named],
+        };
+        assert!(node_selector_matches(&selector, &node, "node-1"));
+        assert!(!node_selector_matches(&selector, &node, "node-3"));
     }
 
     #[test]
