@@ -1,6 +1,6 @@
 //! The API server as a real process (`control-plane apiserver`), for tests that must kill it
-//! (kill -9 durability) or restart it: started on a free loopback port with its own data
-//! directory, ready once /readyz answers, killed on Drop.
+//! (kill -9 durability) or restart it: started on a free loopback port (kept across
+//! restarts) with its own data directory, ready once /readyz answers, killed on Drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,7 +28,7 @@ impl ApiServerProcess {
             child: None,
             url: String::new(),
         };
-        p.spawn();
+        p.spawn("127.0.0.1:0");
         p
     }
 
@@ -46,7 +46,7 @@ impl ApiServerProcess {
         self.child.as_ref().map(Child::id)
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&mut self, listen: &str) {
         let kubeconfig = self.kubeconfig();
         let _ = std::fs::remove_file(&kubeconfig);
         let log = std::fs::OpenOptions::new()
@@ -58,7 +58,7 @@ impl ApiServerProcess {
             .arg("apiserver")
             .arg("--data-dir")
             .arg(&self.data_dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .arg("--write-kubeconfig")
             .arg(&kubeconfig)
             .args(&self.extra_args)
@@ -110,10 +110,11 @@ impl ApiServerProcess {
         status.success()
     }
 
-    /// Starts it again on the same data directory.
+    /// Starts it again on the same data directory and port (clients keep working).
     pub fn restart(&mut self) {
         self.kill9();
-        self.spawn();
+        let listen = self.url.trim_start_matches("http://").to_string();
+        self.spawn(&listen);
     }
 }
 

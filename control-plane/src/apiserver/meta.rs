@@ -28,10 +28,6 @@ pub fn name(obj: &Value) -> Option<&str> {
     str_field(obj, &["metadata", "name"]).filter(|s| !s.is_empty())
 }
 
-pub fn namespace(obj: &Value) -> Option<&str> {
-    str_field(obj, &["metadata", "namespace"]).filter(|s| !s.is_empty())
-}
-
 pub fn uid(obj: &Value) -> Option<&str> {
     str_field(obj, &["metadata", "uid"])
 }

@@ -134,7 +134,7 @@ impl Server {
                 prefix: r.prefix(),
                 fields: r.selectable_fields(),
                 indexed: r.indexed.to_vec(),
-                field_fn: rules::cache_field,
+                field_fn: Arc::new(move |v: &serde_json::Value, f: &str| rules::field(r, v, f)),
             })
             .collect();
         let cache = Cache::start(

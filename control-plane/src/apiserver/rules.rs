@@ -2,40 +2,45 @@
 //! selectors), taken from `machinery`. This file is the one seam between the server and the
 //! machinery modules.
 //!
-//! TEMPORARY GAP: until `machinery::kinds` lands, the functions marked `machinery gap` below
-//! stand in with the least the server needs (no defaulting, names-only validation,
-//! dotted-path field values, NAME/CREATED AT tables). They are replaced, not extended, when
-//! the machinery commit arrives.
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::registry::Resource;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::machinery::kinds::{self, KindRules};
 use crate::machinery::patch::{self, PatchType};
 use crate::machinery::{strict, ApiError, FieldError, FieldSelector, GroupKind, LabelSelector};
 use crate::store::cache::{CachedObject, Filter};
 
-/// Kubernetes' defaulting for the resource's kind. (machinery gap: nothing yet)
-pub fn default(_r: &Resource, _obj: &mut Value) {}
-
-/// Validation of a create (`old` None) or an update. (machinery gap: names only)
-pub fn validate(_r: &Resource, new: &Value, _old: Option<&Value>) -> Vec<FieldError> {
-    let mut out = Vec::new();
-    if super::meta::name(new).is_none() {
-        out.push(FieldError::required("metadata.name"));
-    }
-    out
+fn kind_rules(r: &Resource) -> Option<&'static KindRules> {
+    kinds::rules(r.group, r.kind)
 }
 
-/// The value of a field-selector field. (machinery gap: a dotted path into the object)
-pub fn field(obj: &Value, path: &str) -> Option<String> {
-    let v = path.split('.').try_fold(obj, |v, k| v.get(k))?;
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
+/// Kubernetes' defaulting for the resource's kind.
+pub fn default(r: &Resource, obj: &mut Value) {
+    if let Some(k) = kind_rules(r) {
+        (k.default)(obj);
     }
+}
+
+/// Validation of a create (`old` None) or an update.
+pub fn validate(r: &Resource, new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    match kind_rules(r) {
+        Some(k) => (k.validate)(new, old),
+        None => vec![FieldError::invalid(
+            "kind",
+            r.kind,
+            "has no validation rules",
+        )],
+    }
+}
+
+/// The value of a field-selector field.
+pub fn field(r: &Resource, obj: &Value, path: &str) -> Option<String> {
+    kind_rules(r).and_then(|k| (k.field)(obj, path))
 }
 
 /// The filter of a list or watch: namespace, label selector, field selector; and the
@@ -87,15 +92,6 @@ pub fn selection(
     Ok(Selection { filter, index })
 }
 
-/// The value of each selectable field of an object, computed once when the cache takes it.
-pub fn cache_field(obj: &Value, name: &str) -> Option<String> {
-    match name {
-        "metadata.name" => super::meta::name(obj).map(str::to_string),
-        "metadata.namespace" => super::meta::namespace(obj).map(str::to_string),
-        _ => field(obj, name),
-    }
-}
-
 /// Paths of fields the kind does not define (`fieldValidation=Strict`).
 pub fn unknown_fields(r: &Resource, obj: &Value) -> Vec<String> {
     strict::unknown_fields(r.group, r.kind, obj)
@@ -116,20 +112,28 @@ pub fn patch(r: &Resource, cur: &Value, t: PatchType, body: &[u8]) -> Result<Val
     patch::apply(&GroupKind::new(r.group, r.kind), cur, t, body)
 }
 
-/// The Table columns of the kind. (machinery gap: NAME and CREATED AT, Kubernetes' default)
-pub fn columns(_r: &Resource) -> Value {
-    serde_json::json!([
-        {"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0},
-        {"name": "Created At", "type": "date", "format": "", "description": "Creation timestamp", "priority": 0},
-    ])
+/// The Table columns of the kind (wide ones at priority 1).
+pub fn columns(r: &Resource) -> Value {
+    match kind_rules(r) {
+        Some(k) => serde_json::to_value((k.columns)()).unwrap_or(Value::Null),
+        None => serde_json::json!([
+            {"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0},
+        ]),
+    }
 }
 
-/// One row's cells. (machinery gap)
-pub fn cells(_r: &Resource, obj: &Value) -> Vec<Value> {
-    vec![
-        serde_json::json!(super::meta::name(obj).unwrap_or_default()),
-        obj.pointer("/metadata/creationTimestamp")
-            .cloned()
-            .unwrap_or(Value::Null),
-    ]
+/// One row's cells, ages relative to now.
+pub fn cells(r: &Resource, obj: &Value) -> Vec<Value> {
+    match kind_rules(r) {
+        Some(k) => (k.row)(obj, now()),
+        None => vec![serde_json::json!(super::meta::name(obj).unwrap_or_default())],
+    }
+}
+
+fn now() -> Timestamp {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH)
 }

@@ -18,7 +18,7 @@ use tokio::sync::{broadcast, watch};
 use super::{Event, EventKind, KeyValue, Revision, Store, StoreError};
 
 /// Computes a field-selector value (`spec.nodeName`, `metadata.name`, ...) of an object.
-pub type FieldFn = fn(&Value, &str) -> Option<String>;
+pub type FieldFn = Arc<dyn Fn(&Value, &str) -> Option<String> + Send + Sync>;
 
 /// What the cache keeps for one resource (one key prefix).
 #[derive(Clone)]
@@ -128,9 +128,19 @@ impl Cache {
         options: CacheOptions,
     ) -> Result<Arc<Cache>, CacheError> {
         let range = store.range("/").await?;
+        // Recent history goes into the rings too, so a watch resumes across a restart.
+        let replay_from = Revision(
+            range
+                .revision
+                .0
+                .saturating_sub(options.history_per_resource as u64)
+                + 1,
+        )
+        .max(store.oldest_revision());
+        let window_start = Revision(replay_from.0.saturating_sub(1)).min(range.revision);
         let resources: Vec<Arc<ResourceCache>> = specs
             .into_iter()
-            .map(|spec| Arc::new(ResourceCache::new(spec, &options, range.revision)))
+            .map(|spec| Arc::new(ResourceCache::new(spec, &options, window_start)))
             .collect();
         let (applied, _) = watch::channel(range.revision);
         let cache = Arc::new(Cache { resources, applied });
@@ -144,9 +154,54 @@ impl Cache {
                 }
             }
         }
+        if replay_from <= range.revision {
+            cache
+                .replay(store.watch(replay_from)?, range.revision)
+                .await?;
+        }
         let events = store.watch(range.revision.next())?;
         tokio::spawn(cache.clone().follow(events));
         Ok(cache)
+    }
+
+    /// Puts the stored history up to `until` into the rings (not into the objects, which are
+    /// at `until` already). The state before the window is unknown, so an object's first
+    /// change in it counts as its own predecessor (a MODIFIED stays MODIFIED).
+    async fn replay(
+        &self,
+        mut events: super::EventStream,
+        until: Revision,
+    ) -> Result<(), CacheError> {
+        let mut last: HashMap<String, Arc<CachedObject>> = HashMap::new();
+        while let Some(e) = events.next().await {
+            let e = e?;
+            let rev = e.revision();
+            if let Some(r) = self.resource_of_key(&e.kv.key) {
+                if let Ok(o) = decode(&r.spec, &e.kv) {
+                    let o = Arc::new(o);
+                    let prev = last.insert(o.key.clone(), o.clone());
+                    let kind = match (e.kind, e.created) {
+                        (EventKind::Delete, _) => ChangeKind::Deleted,
+                        (EventKind::Put, true) => ChangeKind::Added,
+                        (EventKind::Put, false) => ChangeKind::Modified,
+                    };
+                    let prev = match kind {
+                        ChangeKind::Added => None,
+                        _ => Some(prev.unwrap_or_else(|| o.clone())),
+                    };
+                    r.remember(Arc::new(Change {
+                        kind,
+                        object: o,
+                        prev,
+                        revision: rev,
+                    }));
+                }
+            }
+            if rev >= until {
+                break;
+            }
+        }
+        Ok(())
     }
 
     async fn follow(self: Arc<Self>, mut events: super::EventStream) {
@@ -255,6 +310,17 @@ struct State {
     by_value: HashMap<(usize, String), broadcast::Sender<Arc<Change>>>,
 }
 
+impl State {
+    fn push_history(&mut self, change: Arc<Change>) {
+        if self.history.len() >= self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.oldest = old.revision;
+            }
+        }
+        self.history.push_back(change);
+    }
+}
+
 impl ResourceCache {
     fn new(spec: CacheSpec, options: &CacheOptions, start: Revision) -> ResourceCache {
         ResourceCache {
@@ -296,12 +362,7 @@ impl ResourceCache {
             prev,
             revision,
         });
-        if st.history.len() >= st.history_limit {
-            if let Some(old) = st.history.pop_front() {
-                st.oldest = old.revision;
-            }
-        }
-        st.history.push_back(change.clone());
+        st.push_history(change.clone());
         // Errors only mean "no receivers".
         let _ = st.all.send(change.clone());
         for name in &self.spec.indexed {
@@ -322,6 +383,11 @@ impl ResourceCache {
                 }
             }
         }
+    }
+
+    /// Adds a past change to the ring only (replay at start).
+    fn remember(&self, change: Arc<Change>) {
+        self.lock().push_history(change);
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<CachedObject>> {
