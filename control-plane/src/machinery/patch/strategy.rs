@@ -4,8 +4,11 @@
 //! maps merge recursively, lists are replaced whole (atomic), scalars are replaced.
 //!
 //! The table mirrors the Go tags of k8s.io/api; k8s-openapi's `DeepMerge` encodes the same
-//! list semantics (from `x-kubernetes-list-type`), and the property tests in `strategic.rs`
-//! check the two agree on every merge list listed here.
+//! list semantics (from `x-kubernetes-list-type`), and the tests in `strategic.rs` check the
+//! two agree on every merge list listed here. One known difference is deliberate: maps that
+//! the OpenAPI marks `x-kubernetes-map-type: atomic` (a Service's `selector`, a pod's
+//! `nodeSelector`) are replaced whole by DeepMerge (server-side apply semantics) but merged
+//! key by key by strategic merge patch, which is what kubectl relies on.
 
 use crate::machinery::GroupKind;
 
