@@ -402,23 +402,26 @@ pub fn validate_object_meta(meta: &ObjectMeta, scope: Scope, rule: NameRule) -> 
     errs
 }
 
-/// Kubernetes' `ValidateObjectMetaUpdate`: identity fields never change.
+/// Kubernetes' `ValidateObjectMetaUpdate`: identity fields never change. A uid or
+/// creationTimestamp left out of an update is not a change (the server carries the stored
+/// ones over, as Kubernetes does); a different one is.
 pub fn validate_object_meta_update(new: &ObjectMeta, old: &ObjectMeta) -> Vec<FieldError> {
     let path = FieldPath::new("metadata");
     let mut errs = vec![];
-    let immutable =
-        |errs: &mut Vec<FieldError>, field: &str, new: &Option<String>, old: &Option<String>| {
-            if new != old {
-                errs.push(immutable_value(
-                    path.child(field),
-                    new.as_deref().unwrap_or(""),
-                ));
-            }
-        };
-    immutable(&mut errs, "name", &new.name, &old.name);
-    immutable(&mut errs, "namespace", &new.namespace, &old.namespace);
-    immutable(&mut errs, "uid", &new.uid, &old.uid);
-    if new.creation_timestamp != old.creation_timestamp {
+    let value = |v: &Option<String>| v.clone().unwrap_or_default();
+    if new.name != old.name {
+        errs.push(immutable_value(path.child("name"), value(&new.name)));
+    }
+    if new.namespace != old.namespace {
+        errs.push(immutable_value(
+            path.child("namespace"),
+            value(&new.namespace),
+        ));
+    }
+    if new.uid.is_some() && new.uid != old.uid {
+        errs.push(immutable_value(path.child("uid"), value(&new.uid)));
+    }
+    if new.creation_timestamp.is_some() && new.creation_timestamp != old.creation_timestamp {
         errs.push(FieldError::immutable(path.child("creationTimestamp")));
     }
     if old.deletion_timestamp.is_some() && new.deletion_timestamp != old.deletion_timestamp {
@@ -555,6 +558,19 @@ mod tests {
         let errs = validate_object_meta_update(&new, &old);
         assert_eq!(errs[0].message, "Invalid value: \"b\": field is immutable");
         assert!(validate_object_meta_update(&old, &old).is_empty());
+        let mut stored = meta("a", Some("d"));
+        stored.uid = Some("u-1".into());
+        let mut put = stored.clone();
+        put.uid = None;
+        assert!(
+            validate_object_meta_update(&put, &stored).is_empty(),
+            "left out is unchanged"
+        );
+        put.uid = Some("u-2".into());
+        assert_eq!(
+            validate_object_meta_update(&put, &stored)[0].message,
+            "Invalid value: \"u-2\": field is immutable"
+        );
     }
 
     proptest! {
