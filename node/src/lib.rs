@@ -1,15 +1,19 @@
 //! node: skiff's node agent (a kubelet) as a library; the binary in main.rs is a thin shell.
 //!
-//! Rooms: `names` and `layout` (every name and path derived from the node name and data
+//! Rooms: `agent` (registration, Lease, the pod watch, routes: the API side), `server` (the
+//! kubelet HTTP API, /healthz, /metrics), `metrics`, `names` and `layout` (every name and path derived from the node name and data
 //! dir), `containerd` (the supervised runtime and its generated config), `cri` (the CRI gRPC
 //! client), `cni` (pod network configuration), `cgroups` (cleanup of cgroup parents), `pod`
 //! (the pod worker: a typed state machine from a Pod object to running containers and back
 //! to a PodStatus).
 
+pub mod agent;
 pub mod cgroups;
 pub mod cni;
 pub mod containerd;
 pub mod cri;
 pub mod layout;
+pub mod metrics;
 pub mod names;
 pub mod pod;
+pub mod server;

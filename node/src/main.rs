@@ -1,1 +1,91 @@
-fn main() {}
+//! `node run`: the skiff node agent (see the library for everything it does).
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use node::agent::{AgentConfig, RunningAgent};
+use node::containerd::RuntimeSettings;
+use node::names::NodeName;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(about = "skiff node agent: runs the pods bound to this node through containerd's CRI")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Register the node and run its pods until SIGTERM (pods keep running after it).
+    Run {
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// The node name (default: the host name).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, default_value = "/var/lib/skiff/node")]
+        data_dir: PathBuf,
+        /// Use this CRI runtime instead of starting a containerd of our own.
+        #[arg(long)]
+        cri_socket: Option<PathBuf>,
+        /// The node's InternalIP (default: the first global IPv4 address).
+        #[arg(long)]
+        node_ip: Option<Ipv4Addr>,
+        /// The kubelet API, /healthz and /metrics.
+        #[arg(long, default_value = "0.0.0.0:10250")]
+        listen: SocketAddr,
+        /// The sandbox (pause) image.
+        #[arg(long, default_value = "127.0.0.1:5000/skiff/pause:latest")]
+        pause_image: String,
+        /// Registries reached over plain HTTP.
+        #[arg(long, default_value = "127.0.0.1:5000")]
+        insecure_registry: Vec<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let Command::Run {
+        kubeconfig,
+        name,
+        data_dir,
+        cri_socket,
+        node_ip,
+        listen,
+        pause_image,
+        insecure_registry,
+    } = Cli::parse().command;
+    let name = match name {
+        Some(n) => n,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .context("reading the host name")?
+            .trim()
+            .to_string(),
+    };
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let client_config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    let client = kube::Client::try_from(client_config)?;
+    let runtime = RuntimeSettings {
+        sandbox_image: pause_image,
+        insecure_registries: insecure_registry,
+    };
+    let mut config = AgentConfig::new(NodeName::new(name), data_dir, runtime);
+    config.cri_socket = cri_socket;
+    config.node_ip = node_ip;
+    config.listen = listen;
+    let agent = RunningAgent::start(config, client).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    agent.shutdown().await;
+    Ok(())
+}

@@ -126,7 +126,8 @@ pub fn now() -> Time {
     Time(Timestamp::from_nanosecond(nanos as i128).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-/// The handle the agent keeps per pod: send the newest Pod object; drop it to force removal.
+/// The handle the agent keeps per pod: send the newest Pod object (deletionTimestamp set:
+/// terminate it); dropping the sender detaches the worker and leaves the pod running.
 pub struct PodHandle {
     pub pod: watch::Sender<Pod>,
     pub task: tokio::task::JoinHandle<()>,

@@ -7,7 +7,7 @@
 //!          (FailedMount       (FailedCreate      (init            (probes,     (restartPolicy
 //!           back-off)          back-off)          containers       restarts)    says no more)
 //!                                                 in order)
-//! any state ── deletionTimestamp or the pod gone ──> Terminating ──> Terminated
+//! any state ── deletionTimestamp ──> Terminating ──> Terminated
 //! ```
 //!
 //! Each state is a variant holding exactly the data valid in it (the sandbox exists from
@@ -36,8 +36,9 @@ use tracing::{info, warn};
 pub struct PodWorker;
 
 impl PodWorker {
-    /// Spawns the worker for `pod`. Send newer versions through the handle; setting
-    /// deletionTimestamp (or dropping the sender) terminates the pod.
+    /// Spawns the worker for `pod`. Send newer versions through the handle; one with
+    /// deletionTimestamp set terminates the pod. Dropping the handle's sender detaches the
+    /// worker and leaves the pod running (the agent is stopping).
     pub fn spawn(ctx: Arc<NodeContext>, pod: Pod) -> PodHandle {
         let (tx, rx) = watch::channel(pod);
         let task = tokio::spawn(run(ctx, rx));
@@ -92,8 +93,9 @@ struct Worker {
     pods: watch::Receiver<Pod>,
     pod: Pod,
     pod_ref: PodRef,
-    /// The pod's sender is gone: the object was removed without a graceful deletion.
-    orphaned: bool,
+    /// The agent dropped this worker's sender: it is going away. Stop driving the pod and
+    /// leave it running, for the next agent to adopt.
+    detached: bool,
     start_time: Time,
     last_status: Option<PodStatus>,
 }
@@ -110,7 +112,7 @@ async fn run(ctx: Arc<NodeContext>, mut pods: watch::Receiver<Pod>) {
         ctx,
         pods,
         pod,
-        orphaned: false,
+        detached: false,
         start_time,
         last_status: None,
     };
@@ -119,6 +121,10 @@ async fn run(ctx: Arc<NodeContext>, mut pods: watch::Receiver<Pod>) {
     loop {
         let from = state.name();
         state = w.step(state).await;
+        if w.detached {
+            info!(pod = %w.pod_ref, state = state.name(), "pod worker detached; the pod keeps running");
+            break;
+        }
         if state.name() != from {
             info!(pod = %w.pod_ref, from, to = state.name(), "pod transition");
         }
@@ -130,7 +136,7 @@ async fn run(ctx: Arc<NodeContext>, mut pods: watch::Receiver<Pod>) {
 
 impl Worker {
     fn deleting(&self) -> bool {
-        self.orphaned || self.pod.metadata.deletion_timestamp.is_some()
+        self.pod.metadata.deletion_timestamp.is_some()
     }
 
     fn event(&self, reason: Reason, message: String) {
@@ -146,17 +152,14 @@ impl Worker {
 
     /// Sleeps up to `d`, waking early when a newer Pod arrives.
     async fn wait(&mut self, d: Duration) {
-        if d.is_zero() {
+        if d.is_zero() || self.detached {
             return;
-        }
-        if self.orphaned {
-            return tokio::time::sleep(d).await;
         }
         tokio::select! {
             _ = tokio::time::sleep(d) => {}
             changed = self.pods.changed() => match changed {
                 Ok(()) => self.pod = self.pods.borrow_and_update().clone(),
-                Err(_) => self.orphaned = true,
+                Err(_) => self.detached = true,
             },
         }
     }
@@ -476,13 +479,18 @@ impl Worker {
         }
         // Everything of this pod in the runtime, whichever state we came from.
         let labels = HashMap::from([(spec::POD_UID.to_string(), self.pod_ref.uid.clone())]);
-        if let Ok(sandboxes) = cri.list_pod_sandboxes(labels).await {
-            for s in sandboxes {
-                let _ = cri.stop_pod_sandbox(&s.id).await;
-                if let Err(e) = cri.remove_pod_sandbox(&s.id).await {
-                    warn!(pod = %self.pod_ref, error = %e, "removing the sandbox failed");
+        match cri.list_pod_sandboxes(labels).await {
+            Ok(sandboxes) => {
+                for s in sandboxes {
+                    if let Err(e) = cri.stop_pod_sandbox(&s.id).await {
+                        warn!(pod = %self.pod_ref, error = %e, "stopping the sandbox failed");
+                    }
+                    if let Err(e) = cri.remove_pod_sandbox(&s.id).await {
+                        warn!(pod = %self.pod_ref, error = %e, "removing the sandbox failed");
+                    }
                 }
             }
+            Err(e) => warn!(pod = %self.pod_ref, error = %e, "listing the pod's sandboxes failed"),
         }
         volumes::remove(&self.ctx.layout, &self.pod);
         let m = &self.pod.metadata;

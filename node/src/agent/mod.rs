@@ -1,0 +1,417 @@
+//! The node agent: registers its Node, renews its Lease, watches the pods bound to it and
+//! runs them through its pod workers, routes to other nodes' pods, and serves the kubelet API.
+//! Everything it knows comes from watches on the API server; everything it says goes back
+//! through the API.
+
+mod node_status;
+pub mod pods;
+mod report;
+mod routes;
+
+use crate::cni::{self, Cidr};
+use crate::containerd::{Containerd, ContainerdError, RuntimeSettings};
+use crate::cri::Cri;
+use crate::layout::Layout;
+use crate::metrics::Metrics;
+use crate::names::NodeName;
+use crate::pod::{NodeContext, Timing};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use node_status::NodeFacts;
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use node_status::LEASE_NAMESPACE;
+
+/// How an agent is set up.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub name: NodeName,
+    pub data_dir: PathBuf,
+    /// Use this runtime instead of starting a containerd of our own.
+    pub cri_socket: Option<PathBuf>,
+    /// The node's InternalIP (default: the first global IPv4 address here, else 127.0.0.1).
+    pub node_ip: Option<Ipv4Addr>,
+    /// The kubelet API, /healthz and /metrics.
+    pub listen: SocketAddr,
+    pub runtime: RuntimeSettings,
+    pub timing: Timing,
+    pub lease_interval: Duration,
+    pub lease_duration_secs: i32,
+    pub status_interval: Duration,
+}
+
+impl AgentConfig {
+    /// Kubernetes' defaults: Lease every 10 s (40 s duration), status at least every minute.
+    pub fn new(
+        name: NodeName,
+        data_dir: impl Into<PathBuf>,
+        runtime: RuntimeSettings,
+    ) -> AgentConfig {
+        AgentConfig {
+            name,
+            data_dir: data_dir.into(),
+            cri_socket: None,
+            node_ip: None,
+            listen: SocketAddr::from(([0, 0, 0, 0], 10250)),
+            runtime,
+            timing: Timing::default(),
+            lease_interval: Duration::from_secs(10),
+            lease_duration_secs: 40,
+            status_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Runtime(#[from] ContainerdError),
+    #[error("the runtime does not answer: {0}")]
+    Cri(#[from] crate::cri::CriError),
+    #[error("registering the node: {0}")]
+    Register(#[source] kube::Error),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running agent.
+pub struct RunningAgent {
+    addr: SocketAddr,
+    name: NodeName,
+    layout: Layout,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    pods: Arc<tokio::sync::Mutex<pods::Pods>>,
+    routes: Arc<Mutex<routes::Routes>>,
+    containerd: Option<Containerd>,
+    cri: Cri,
+    metrics: Arc<Metrics>,
+}
+
+fn default_ip() -> Ipv4Addr {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output();
+    out.ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .skip_while(|w| *w != "inet")
+                .nth(1)
+                .and_then(|a| a.split('/').next())
+                .and_then(|a| a.parse().ok())
+        })
+        .unwrap_or(Ipv4Addr::LOCALHOST)
+}
+
+fn pod_cidr(node: &Node) -> Option<Cidr> {
+    node.spec.as_ref()?.pod_cidr.as_ref()?.parse().ok()
+}
+
+impl RunningAgent {
+    /// Starts the runtime (unless given one), registers the node and starts every loop.
+    pub async fn start(config: AgentConfig, client: Client) -> Result<RunningAgent, AgentError> {
+        let layout = Layout::new(&config.data_dir);
+        let (containerd, cri) = match &config.cri_socket {
+            Some(socket) => (None, Cri::new(socket)),
+            None => {
+                let c = Containerd::start(layout.clone(), &config.runtime).await?;
+                let cri = c.cri();
+                (Some(c), cri)
+            }
+        };
+        let version = cri.version().await?;
+        let ip = config.node_ip.unwrap_or_else(default_ip);
+        let mut facts = NodeFacts {
+            name: config.name.clone(),
+            ip: ip.to_string(),
+            runtime_version: format!("{}://{}", version.runtime_name, version.runtime_version),
+            network_unavailable: Some("network not ready: no podCIDR assigned".into()),
+        };
+        let node = node_status::register(&client, &facts)
+            .await
+            .map_err(AgentError::Register)?;
+        if let Some(cidr) = pod_cidr(&node) {
+            configure_network(&layout, &config.name, cidr, &mut facts);
+            node_status::update_status(&client, &facts)
+                .await
+                .map_err(AgentError::Register)?;
+        }
+        info!(node = %config.name, ip = %ip, runtime = %facts.runtime_version, "node registered");
+
+        let metrics = Arc::new(Metrics::default());
+        let starts = Arc::new(report::StartTimes::default());
+        let reporter = report::start(
+            client.clone(),
+            config.name.clone(),
+            metrics.clone(),
+            starts.clone(),
+        );
+        let ctx = Arc::new(NodeContext {
+            node: config.name.clone(),
+            layout: layout.clone(),
+            cri: cri.clone(),
+            host_ip: Some(ip.to_string()),
+            objects: Arc::new(report::ApiObjects {
+                client: client.clone(),
+            }),
+            reporter: Arc::new(reporter),
+            timing: config.timing.clone(),
+        });
+        let index: pods::PodIndex = Default::default();
+        let pods = Arc::new(tokio::sync::Mutex::new(pods::Pods::new(
+            ctx,
+            index.clone(),
+            metrics.clone(),
+            starts,
+        )));
+        let routes = Arc::new(Mutex::new(routes::Routes::new(
+            config.name.clone(),
+            Some(ip),
+        )));
+        let shutdown = CancellationToken::new();
+        let (facts_tx, facts_rx) = watch::channel(facts);
+
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| AgentError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| AgentError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+        let app = crate::server::router(crate::server::ApiState {
+            metrics: metrics.clone(),
+            pods: index,
+            layout: layout.clone(),
+            cri: cri.clone(),
+        });
+        let stop = shutdown.clone();
+        let mut tasks = vec![tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+        })];
+        tasks.push(tokio::spawn(lease_loop(
+            client.clone(),
+            node,
+            config.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(status_loop(
+            client.clone(),
+            facts_rx,
+            config.status_interval,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(node_watch(
+            client.clone(),
+            layout.clone(),
+            config.name.clone(),
+            facts_tx,
+            routes.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(pod_watch(
+            client,
+            config.name.clone(),
+            pods.clone(),
+            shutdown.clone(),
+        )));
+        info!(node = %config.name, %addr, "node agent running");
+        Ok(RunningAgent {
+            addr,
+            name: config.name,
+            layout,
+            shutdown,
+            tasks,
+            pods,
+            routes,
+            containerd,
+            cri,
+            metrics,
+        })
+    }
+
+    /// The kubelet API address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn cri(&self) -> Cri {
+        self.cri.clone()
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Stops every loop and the runtime the agent started, removes its routes; pods keep
+    /// running (in the runtime's shims) for the next agent to adopt.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        self.pods.lock().await.detach_all();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        self.routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        if let Some(c) = self.containerd.take() {
+            c.stop().await;
+        }
+        info!(node = %self.name, "node agent stopped");
+    }
+
+    /// Removes every pod and the node's network from this machine (tests, `xtask down`).
+    pub async fn remove_everything(self) {
+        let cri = self.cri.clone();
+        if let Ok(sandboxes) = cri.list_pod_sandboxes(Default::default()).await {
+            for s in sandboxes {
+                let _ = cri.stop_pod_sandbox(&s.id).await;
+                let _ = cri.remove_pod_sandbox(&s.id).await;
+            }
+        }
+        let (name, layout) = (self.name.clone(), self.layout.clone());
+        self.shutdown().await;
+        cni::remove_bridge(&name);
+        crate::cgroups::remove_tree(&name.cgroup_root());
+        let _ = std::fs::remove_dir_all(layout.root().join("pods"));
+    }
+}
+
+fn configure_network(layout: &Layout, name: &NodeName, cidr: Cidr, facts: &mut NodeFacts) {
+    match cni::write_config(layout, name, cidr) {
+        Ok(changed) => {
+            if changed {
+                info!(node = %name, %cidr, "pod network configured");
+            }
+            facts.network_unavailable = None;
+        }
+        Err(e) => warn!(error = %e, "writing the CNI configuration failed"),
+    }
+}
+
+async fn lease_loop(client: Client, node: Node, config: AgentConfig, stop: CancellationToken) {
+    loop {
+        if let Err(e) = node_status::renew_lease(&client, &node, config.lease_duration_secs).await {
+            warn!(error = %e, "renewing the node lease failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.lease_interval) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn status_loop(
+    client: Client,
+    mut facts: watch::Receiver<NodeFacts>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            changed = facts.changed() => if changed.is_err() { return },
+            _ = stop.cancelled() => return,
+        }
+        let f = facts.borrow_and_update().clone();
+        if let Err(e) = node_status::update_status(&client, &f).await {
+            warn!(error = %e, "updating the node status failed");
+        }
+    }
+}
+
+/// Nodes: our own podCIDR configures the pod network; others' give routes to their pods.
+async fn node_watch(
+    client: Client,
+    layout: Layout,
+    me: NodeName,
+    facts: watch::Sender<NodeFacts>,
+    routes: Arc<Mutex<routes::Routes>>,
+    stop: CancellationToken,
+) {
+    let api: Api<Node> = Api::all(client);
+    let mut stream = watcher(api, watcher::Config::default()).boxed();
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = stop.cancelled() => return,
+        };
+        let Some(event) = event else { return };
+        match event {
+            Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+                if n.metadata.name.as_deref() == Some(me.as_str()) {
+                    if let Some(cidr) = pod_cidr(&n) {
+                        let mut f = facts.borrow().clone();
+                        configure_network(&layout, &me, cidr, &mut f);
+                        facts.send_if_modified(|old| {
+                            let changed = *old != f;
+                            *old = f;
+                            changed
+                        });
+                    }
+                } else {
+                    routes.lock().unwrap_or_else(|e| e.into_inner()).apply(&n);
+                }
+            }
+            Ok(watcher::Event::Delete(n)) => {
+                routes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(n.metadata.name.as_deref().unwrap_or_default());
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "node watch"),
+        }
+    }
+}
+
+/// The pods bound to this node, each to its worker.
+async fn pod_watch(
+    client: Client,
+    me: NodeName,
+    pods: Arc<tokio::sync::Mutex<pods::Pods>>,
+    stop: CancellationToken,
+) {
+    let api: Api<Pod> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={me}"));
+    let mut stream = watcher(api, config).boxed();
+    let mut seen: HashSet<String> = HashSet::new();
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = stop.cancelled() => return,
+        };
+        let Some(event) = event else { return };
+        let mut pods = pods.lock().await;
+        match event {
+            Ok(watcher::Event::Init) => seen.clear(),
+            Ok(watcher::Event::InitApply(p)) => {
+                seen.insert(p.metadata.uid.clone().unwrap_or_default());
+                pods.apply(p);
+            }
+            Ok(watcher::Event::InitDone) => pods.listed(&seen).await,
+            Ok(watcher::Event::Apply(p)) => pods.apply(p),
+            Ok(watcher::Event::Delete(p)) => pods.delete(&p),
+            Err(e) => warn!(error = %e, "pod watch"),
+        }
+    }
+}

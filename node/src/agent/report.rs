@@ -1,0 +1,240 @@
+//! The pod workers' outputs written to the API: statuses (coalesced per pod, so a burst of
+//! changes is one write), Events, and the final removal of a gracefully deleted pod; and their
+//! inputs read from it: ConfigMaps and Secrets.
+
+use crate::metrics::Metrics;
+use crate::names::NodeName;
+use crate::pod::events::PodEvent;
+use crate::pod::{now, Objects, PodRef, Reporter};
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, EventSource, ObjectReference, Pod, PodStatus, Secret,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::Client;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+enum Out {
+    Status(PodRef, Box<PodStatus>),
+    Event(PodRef, PodEvent),
+    Terminated(PodRef),
+}
+
+/// The [`Reporter`] the agent gives its workers: queues to one writer task.
+pub struct ApiReporter {
+    tx: mpsc::UnboundedSender<Out>,
+}
+
+impl Reporter for ApiReporter {
+    fn status(&self, pod: &PodRef, status: &PodStatus) {
+        let _ = self
+            .tx
+            .send(Out::Status(pod.clone(), Box::new(status.clone())));
+    }
+    fn event(&self, pod: &PodRef, event: PodEvent) {
+        let _ = self.tx.send(Out::Event(pod.clone(), event));
+    }
+    fn terminated(&self, pod: &PodRef) {
+        let _ = self.tx.send(Out::Terminated(pod.clone()));
+    }
+}
+
+/// Startup timing of pods (first seen -> Running), for the metric and the benchmark.
+#[derive(Default)]
+pub struct StartTimes {
+    pending: std::sync::Mutex<HashMap<String, Instant>>,
+}
+
+impl StartTimes {
+    pub fn seen(&self, uid: &str) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(uid.to_string())
+            .or_insert_with(Instant::now);
+    }
+
+    fn running(&self, uid: &str) -> Option<f64> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid)
+            .map(|t| t.elapsed().as_secs_f64())
+    }
+}
+
+/// Starts the writer task; returns the reporter to hand to workers.
+pub fn start(
+    client: Client,
+    node: NodeName,
+    metrics: Arc<Metrics>,
+    starts: Arc<StartTimes>,
+) -> ApiReporter {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(writer(client, node, metrics, starts, rx));
+    ApiReporter { tx }
+}
+
+async fn writer(
+    client: Client,
+    node: NodeName,
+    metrics: Arc<Metrics>,
+    starts: Arc<StartTimes>,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+) {
+    while let Some(first) = rx.recv().await {
+        // Take everything queued: only the newest status of each pod is written.
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        let mut statuses: Vec<(PodRef, Box<PodStatus>)> = Vec::new();
+        let mut rest = Vec::new();
+        for out in batch {
+            match out {
+                Out::Status(p, s) => match statuses.iter_mut().find(|(q, _)| q.uid == p.uid) {
+                    Some(slot) => slot.1 = s,
+                    None => statuses.push((p, s)),
+                },
+                other => rest.push(other),
+            }
+        }
+        let writes = statuses.into_iter().map(|(p, s)| {
+            let (client, metrics, starts) = (client.clone(), metrics.clone(), starts.clone());
+            async move {
+                if s.phase.as_deref() == Some("Running") {
+                    if let Some(secs) = starts.running(&p.uid) {
+                        metrics.pod_start_seconds.observe(secs);
+                    }
+                }
+                write_status(&client, &p, *s, &metrics).await
+            }
+        });
+        futures::future::join_all(writes).await;
+        for out in rest {
+            match out {
+                Out::Event(p, e) => send_event(&client, &node, &p, e, &metrics).await,
+                Out::Terminated(p) => finish_deletion(&client, &p, &metrics).await,
+                Out::Status(..) => {}
+            }
+        }
+    }
+}
+
+async fn write_status(client: &Client, p: &PodRef, status: PodStatus, metrics: &Metrics) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
+    let patch = serde_json::json!({"status": status});
+    match api
+        .patch_status(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            metrics.pod_status_writes.inc();
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            debug!(pod = %p, "status for a pod that is gone")
+        }
+        Err(e) => {
+            metrics.api_errors.inc();
+            warn!(pod = %p, error = %e, "writing pod status failed")
+        }
+    };
+}
+
+async fn send_event(client: &Client, node: &NodeName, p: &PodRef, e: PodEvent, metrics: &Metrics) {
+    let api: Api<Event> = Api::namespaced(client.clone(), &p.namespace);
+    let t: Time = now();
+    let suffix: u64 = rand::random();
+    let event = Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.{:016x}", p.name, suffix)),
+            namespace: Some(p.namespace.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(p.name.clone()),
+            namespace: Some(p.namespace.clone()),
+            uid: Some(p.uid.clone()),
+            field_path: e.field_path,
+            ..Default::default()
+        },
+        reason: Some(e.reason.as_str().into()),
+        message: Some(e.message),
+        type_: Some(e.reason.severity().as_str().into()),
+        source: Some(EventSource {
+            component: Some("kubelet".into()),
+            host: Some(node.to_string()),
+        }),
+        reporting_component: Some("kubelet".into()),
+        reporting_instance: Some(node.to_string()),
+        first_timestamp: Some(t.clone()),
+        last_timestamp: Some(t),
+        count: Some(1),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &event).await {
+        Ok(_) => {
+            metrics.events_sent.inc();
+        }
+        Err(err) => {
+            metrics.api_errors.inc();
+            warn!(pod = %p, error = %err, "sending an event failed")
+        }
+    }
+}
+
+/// The pod is gone from the node: remove its object (grace 0, only this incarnation).
+async fn finish_deletion(client: &Client, p: &PodRef, metrics: &Metrics) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(p.uid.clone()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&p.name, &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => {
+            metrics.api_errors.inc();
+            warn!(pod = %p, error = %e, "removing the deleted pod failed")
+        }
+    }
+}
+
+/// ConfigMaps and Secrets read from the API when a pod needs them.
+pub struct ApiObjects {
+    pub client: Client,
+}
+
+impl Objects for ApiObjects {
+    fn config_map<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ConfigMap>, String>> {
+        Box::pin(async move {
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+            api.get_opt(name).await.map_err(|e| e.to_string())
+        })
+    }
+    fn secret<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Secret>, String>> {
+        Box::pin(async move {
+            let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+            api.get_opt(name).await.map_err(|e| e.to_string())
+        })
+    }
+}

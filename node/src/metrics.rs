@@ -1,0 +1,65 @@
+//! The agent's Prometheus metrics (served at /metrics by the kubelet API server).
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::Mutex;
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// Pods with a live worker on this node.
+    pub pods: Gauge,
+    pub pod_status_writes: Counter,
+    pub api_errors: Counter,
+    pub events_sent: Counter,
+    /// Seconds from a pod's first sight to the first status with phase Running.
+    pub pod_start_seconds: Histogram,
+    pub runtime_gc_removed: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("skiff_node");
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            pods: Gauge::default(),
+            pod_status_writes: Counter::default(),
+            api_errors: Counter::default(),
+            events_sent: Counter::default(),
+            pod_start_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
+            runtime_gc_removed: Counter::default(),
+        };
+        registry.register("pods", "Pods with a worker on this node", m.pods.clone());
+        registry.register(
+            "pod_status_writes",
+            "Pod status writes to the API",
+            m.pod_status_writes.clone(),
+        );
+        registry.register("api_errors", "Failed API requests", m.api_errors.clone());
+        registry.register("events", "Events sent to the API", m.events_sent.clone());
+        registry.register(
+            "pod_start_seconds",
+            "Pod first seen to Running",
+            m.pod_start_seconds.clone(),
+        );
+        registry.register(
+            "runtime_gc_removed_sandboxes",
+            "Sandboxes no pod wanted, removed",
+            m.runtime_gc_removed.clone(),
+        );
+        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        m
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}

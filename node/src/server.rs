@@ -1,0 +1,314 @@
+//! The agent's HTTP endpoint: /healthz, /metrics (Prometheus), and the kubelet API the API
+//! server proxies to for `kubectl logs` and `kubectl exec`:
+//!
+//! - `GET /containerLogs/{namespace}/{pod}/{container}?follow=&previous=&tailLines=&timestamps=`
+//!   streams the container's log (text/plain), from the CRI log files under the data dir.
+//! - `GET|POST /exec/{namespace}/{pod}/{container}?command=..&stdin=&stdout=&stderr=&tty=`
+//!   answers 302 with the runtime's streaming URL for that exec session (CRI Exec); the caller
+//!   follows it and upgrades there (the kubelet's redirect-container-streaming mode).
+
+use crate::agent::pods::PodIndex;
+use crate::cri::Cri;
+use crate::layout::Layout;
+use crate::metrics::Metrics;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub metrics: Arc<Metrics>,
+    pub pods: PodIndex,
+    pub layout: Layout,
+    pub cri: Cri,
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .route("/containerLogs/{namespace}/{pod}/{container}", get(logs))
+        .route("/exec/{namespace}/{pod}/{container}", get(exec).post(exec))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+}
+
+fn text(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, [(header::CONTENT_TYPE, "text/plain")], msg.into()).into_response()
+}
+
+/// Query parameters as (key, value) pairs, repeated keys kept (exec's `command`).
+fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
+    q.unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match u8::from_str_radix(
+                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
+                    16,
+                ) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn flag(pairs: &[(String, String)], name: &str) -> bool {
+    pairs
+        .iter()
+        .any(|(k, v)| k == name && (v == "true" || v == "1"))
+}
+
+/// The log files of a container, oldest attempt first.
+fn attempts(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let n = p.file_stem()?.to_str()?.parse().ok()?;
+            Some((n, p))
+        })
+        .collect();
+    files.sort();
+    files.into_iter().map(|(_, p)| p).collect()
+}
+
+/// CRI log lines (`<time> <stream> <P|F> <text>`) as the text a user wrote, joining partial
+/// lines; with `timestamps` each line keeps its time prefix.
+pub fn parse_cri_log(raw: &str, timestamps: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut partial = String::new();
+    for line in raw.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (Some(time), Some(_stream), Some(tag)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let content = parts.next().unwrap_or_default();
+        if partial.is_empty() && timestamps {
+            partial.push_str(time);
+            partial.push(' ');
+        }
+        partial.push_str(content);
+        if tag != "P" {
+            out.push(std::mem::take(&mut partial));
+        }
+    }
+    out
+}
+
+async fn logs(
+    State(s): State<ApiState>,
+    Path((namespace, pod, container)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let q = query_pairs(query.as_deref());
+    let Some(p) = s
+        .pods
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(namespace.clone(), pod.clone()))
+        .cloned()
+    else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not on this node"),
+        );
+    };
+    let uid = p.metadata.uid.clone().unwrap_or_default();
+    let dir = s
+        .layout
+        .pod_log_dir(&namespace, &pod, &uid)
+        .join(&container);
+    let files = attempts(&dir);
+    let previous = flag(&q, "previous");
+    let file = if previous {
+        files.len().checked_sub(2).map(|i| files[i].clone())
+    } else {
+        files.last().cloned()
+    };
+    let Some(file) = file else {
+        let what = if previous {
+            "previous terminated container"
+        } else {
+            "container"
+        };
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("{what} \"{container}\" in pod \"{pod}\" has no logs"),
+        );
+    };
+    let timestamps = flag(&q, "timestamps");
+    let tail: Option<usize> = q
+        .iter()
+        .find(|(k, _)| k == "tailLines")
+        .and_then(|(_, v)| v.parse().ok());
+    let raw = tokio::fs::read_to_string(&file).await.unwrap_or_default();
+    let lines = parse_cri_log(&raw, timestamps);
+    let start = tail.map_or(0, |n| lines.len().saturating_sub(n));
+    let mut first = String::new();
+    for l in &lines[start..] {
+        first.push_str(l);
+        first.push('\n');
+    }
+    if !flag(&q, "follow") || previous {
+        return text(StatusCode::OK, first);
+    }
+    // Follow: send new complete lines as they are written, until a newer attempt starts,
+    // the pod leaves this node, or the client goes away.
+    let offset = raw.rfind('\n').map_or(0, |i| i + 1) as u64;
+    let attempts_now = files.len();
+    let stream = futures::stream::unfold((Some(first), offset), move |(pending, mut offset)| {
+        let (file, dir, pods, key) = (
+            file.clone(),
+            dir.clone(),
+            s.pods.clone(),
+            (namespace.clone(), pod.clone()),
+        );
+        async move {
+            if let Some(first) = pending {
+                return Some((Ok::<_, std::io::Error>(first), (None, offset)));
+            }
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let raw = tokio::fs::read(&file).await.ok()?;
+                if (raw.len() as u64) > offset {
+                    let new = String::from_utf8_lossy(&raw[offset as usize..]).into_owned();
+                    if let Some(end) = new.rfind('\n') {
+                        offset += end as u64 + 1;
+                        let mut chunk = String::new();
+                        for l in parse_cri_log(&new[..=end], timestamps) {
+                            chunk.push_str(&l);
+                            chunk.push('\n');
+                        }
+                        return Some((Ok(chunk), (None, offset)));
+                    }
+                }
+                let gone = !pods
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains_key(&key);
+                if gone || attempts(&dir).len() > attempts_now {
+                    return None;
+                }
+            }
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response"))
+}
+
+async fn exec(
+    State(s): State<ApiState>,
+    Path((namespace, pod, container)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let q = query_pairs(query.as_deref());
+    let Some(p) = s
+        .pods
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(namespace.clone(), pod.clone()))
+        .cloned()
+    else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not on this node"),
+        );
+    };
+    let id = p
+        .status
+        .iter()
+        .flat_map(|st| st.container_statuses.iter().flatten())
+        .find(|c| c.name == container)
+        .and_then(|c| c.container_id.clone());
+    let Some(id) = id else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("container {container} is not running in pod {pod}"),
+        );
+    };
+    let cmd: Vec<String> = q
+        .iter()
+        .filter(|(k, _)| k == "command")
+        .map(|(_, v)| v.clone())
+        .collect();
+    if cmd.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "no command given");
+    }
+    let req = k8s_cri::v1::ExecRequest {
+        container_id: id.trim_start_matches("containerd://").to_string(),
+        cmd,
+        tty: flag(&q, "tty"),
+        stdin: flag(&q, "stdin"),
+        stdout: flag(&q, "stdout") || !q.iter().any(|(k, _)| k == "stdout"),
+        stderr: flag(&q, "stderr"),
+    };
+    match s.cri.exec(req).await {
+        Ok(url) => Response::builder()
+            .status(StatusCode::FOUND)
+            .header(header::LOCATION, url)
+            .body(Body::empty())
+            .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response")),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.message()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cri_log_lines() {
+        let raw = "2024-01-01T00:00:00.1Z stdout F hello\n2024-01-01T00:00:00.2Z stderr P par\n2024-01-01T00:00:00.3Z stderr F tial\n2024-01-01T00:00:00.4Z stdout F \n";
+        assert_eq!(parse_cri_log(raw, false), ["hello", "partial", ""]);
+        assert_eq!(parse_cri_log(raw, true)[0], "2024-01-01T00:00:00.1Z hello");
+    }
+
+    #[test]
+    fn queries() {
+        let q = query_pairs(Some("command=%2Fecho&command=cat+x&tty=true&bad=%zz"));
+        assert_eq!(q[0], ("command".to_string(), "/echo".to_string()));
+        assert_eq!(q[1].1, "cat x");
+        assert!(flag(&q, "tty"));
+        assert_eq!(q[3].1, "%zz");
+    }
+}

@@ -1,0 +1,386 @@
+//! The whole agent against a real API server (in-process) and a real containerd: node
+//! registration and Lease, pods bound to the node run and report status and Events through
+//! the API, the kubelet API serves logs and exec, a restarted agent adopts running pods and
+//! removes sandboxes no pod wants, and a deleted pod stops and disappears.
+
+mod common;
+
+use common::{http_get, settings, test_timing};
+use control_plane::apiserver::{Config, RunningServer, Server};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use node::agent::{AgentConfig, RunningAgent, LEASE_NAMESPACE};
+use node::names::NodeName;
+use serde_json::json;
+use skiff_tests::registry::ECHO_IMAGE;
+use skiff_tests::wait_until_async;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(40);
+
+struct Cluster {
+    server: Option<RunningServer>,
+    client: Client,
+    agent: Option<RunningAgent>,
+    config: AgentConfig,
+    subnet: skiff_tests::subnet::SubnetLease,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(tag: &str) -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter("node=info")
+            .try_init();
+        skiff_tests::registry::require_images();
+        let dir = tempfile::Builder::new()
+            .prefix("ska")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let server = Server::start(Config::new(
+            dir.path().join("api"),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .await
+        .unwrap();
+        let kc = Kubeconfig::read_from(server.kubeconfig_path()).unwrap();
+        let client = Client::try_from(
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        let name = NodeName::new(format!("a{}-{tag}", std::process::id()));
+        let mut config = AgentConfig::new(name, dir.path().join("node"), settings());
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.node_ip = Some(std::net::Ipv4Addr::LOCALHOST);
+        config.timing = test_timing();
+        config.lease_interval = Duration::from_secs(1);
+        let agent = RunningAgent::start(config.clone(), client.clone())
+            .await
+            .unwrap();
+        Cluster {
+            server: Some(server),
+            client,
+            agent: Some(agent),
+            config,
+            subnet: skiff_tests::subnet::lease(),
+            _dir: dir,
+        }
+    }
+
+    fn node_name(&self) -> String {
+        self.config.name.to_string()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn restart_agent(&mut self) {
+        self.agent.take().unwrap().shutdown().await;
+        self.agent = Some(
+            RunningAgent::start(self.config.clone(), self.client.clone())
+                .await
+                .unwrap(),
+        );
+    }
+
+    fn agent(&self) -> &RunningAgent {
+        self.agent.as_ref().unwrap()
+    }
+
+    /// Gives the node its pod CIDR, as node IPAM would.
+    async fn assign_pod_cidr(&self) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let patch =
+            json!({"spec": {"podCIDR": self.subnet.cidr(), "podCIDRs": [self.subnet.cidr()]}});
+        nodes
+            .patch(
+                &self.node_name(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn create_pod(&self, name: &str, spec: serde_json::Value) -> Pod {
+        let mut spec = spec;
+        spec["nodeName"] = self.node_name().into();
+        let pod: Pod = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}),
+        )
+        .unwrap();
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
+    }
+
+    async fn wait_pod(&self, name: &str, what: &str, pred: impl Fn(&Pod) -> bool) -> Pod {
+        let api = self.pods();
+        wait_until_async(what, T, || {
+            let api = api.clone();
+            let name = name.to_string();
+            let ok = &pred;
+            async move {
+                let p = api.get(&name).await.map_err(|e| e.to_string())?;
+                if ok(&p) {
+                    Ok(p)
+                } else {
+                    Err(serde_json::to_string(&p.status).unwrap_or_default())
+                }
+            }
+        })
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let agent = self.agent.take();
+        let server = self.server.take();
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async {
+                if let Some(a) = agent {
+                    a.remove_everything().await;
+                }
+                if let Some(s) = server {
+                    s.shutdown().await;
+                }
+            })
+        });
+    }
+}
+
+fn running_ready(p: &Pod) -> bool {
+    let s = p.status.clone().unwrap_or_default();
+    s.phase.as_deref() == Some("Running")
+        && s.conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn node_ready(n: &Node) -> Option<String> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_run_report_and_survive_an_agent_restart() {
+    let mut c = Cluster::start("life").await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let node = nodes.get(&c.node_name()).await.unwrap();
+    assert_eq!(
+        node_ready(&node).as_deref(),
+        Some("False"),
+        "no podCIDR yet: NotReady"
+    );
+    let info = node.status.as_ref().unwrap().node_info.clone().unwrap();
+    assert!(
+        info.container_runtime_version.starts_with("containerd://"),
+        "{info:?}"
+    );
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), LEASE_NAMESPACE);
+    let lease = wait_until_async("a lease", T, || {
+        let (leases, name) = (leases.clone(), c.node_name());
+        async move { leases.get_opt(&name).await.ok().flatten().ok_or(()) }
+    })
+    .await;
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some(c.node_name().as_str())
+    );
+
+    c.assign_pod_cidr().await;
+    wait_until_async("node Ready", T, || {
+        let (nodes, name) = (nodes.clone(), c.node_name());
+        async move {
+            let n = nodes.get(&name).await.map_err(|e| e.to_string())?;
+            if node_ready(&n).as_deref() == Some("True") {
+                Ok(())
+            } else {
+                Err(format!("{:?}", node_ready(&n)))
+            }
+        }
+    })
+    .await;
+
+    c.create_pod("web", json!({"containers": [{"name": "echo", "image": ECHO_IMAGE,
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}]})).await;
+    let pod = c
+        .wait_pod("web", "web Running and Ready", running_ready)
+        .await;
+    let ip = pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    let body = http_get(&format!("{ip}:8080"), "/").await.unwrap();
+    assert!(body.starts_with("pod=web "), "{body}");
+
+    let events: Api<Event> = Api::namespaced(c.client.clone(), "default");
+    let reasons = wait_until_async("events", T, || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| vec![e.to_string()])?;
+            let mut items: Vec<Event> = list
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.name.as_deref() == Some("web"))
+                .collect();
+            items.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+            let r: Vec<String> = items.iter().filter_map(|e| e.reason.clone()).collect();
+            if r.len() >= 4 {
+                Ok(r)
+            } else {
+                Err(r)
+            }
+        }
+    })
+    .await;
+    for reason in ["Pulling", "Pulled", "Created", "Started"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+
+    // The kubelet API: logs, exec, metrics.
+    let base = format!("{}", c.agent().addr());
+    let logs = http_get(&base, "/containerLogs/default/web/echo?tailLines=5")
+        .await
+        .unwrap();
+    assert!(logs.contains("echo: serving on :8080"), "{logs}");
+    let metrics = http_get(&base, "/metrics").await.unwrap();
+    assert!(metrics.contains("skiff_node_pods"), "{metrics}");
+    let exec = raw_get(
+        &base,
+        "/exec/default/web/echo?command=%2Fecho&command=env&stdout=true",
+    )
+    .await;
+    assert!(exec.starts_with("HTTP/1.1 302"), "{exec}");
+    assert!(
+        exec.to_lowercase().contains("location: http://127.0.0.1:"),
+        "{exec}"
+    );
+
+    // A sandbox nobody wants (left by some earlier pod) and an agent restart.
+    let cri = c.agent().cri();
+    let stray = k8s_cri::v1::PodSandboxConfig {
+        metadata: Some(k8s_cri::v1::PodSandboxMetadata {
+            name: "stray".into(),
+            uid: "stray-uid".into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        labels: [("io.kubernetes.pod.uid".to_string(), "stray-uid".to_string())].into(),
+        linux: Some(k8s_cri::v1::LinuxPodSandboxConfig {
+            cgroup_parent: c.config.name.pod_cgroup("stray-uid"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let stray_id = cri.run_pod_sandbox(stray).await.unwrap();
+    let before = pod.status.clone().unwrap();
+    c.restart_agent().await;
+    let cri = c.agent().cri();
+    wait_until_async("the stray sandbox removed", T, || {
+        let (cri, id) = (cri.clone(), stray_id.clone());
+        async move {
+            let all = cri
+                .list_pod_sandboxes(Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            if all.iter().any(|s| s.id == id) {
+                Err(format!("{} sandboxes", all.len()))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+    let after = c
+        .wait_pod("web", "web still Running", running_ready)
+        .await
+        .status
+        .unwrap();
+    let cid = |s: &k8s_openapi::api::core::v1::PodStatus| {
+        s.container_statuses.as_ref().unwrap()[0]
+            .container_id
+            .clone()
+    };
+    assert_eq!(cid(&after), cid(&before), "the same container, adopted");
+    assert_eq!(
+        after.container_statuses.as_ref().unwrap()[0].restart_count,
+        0
+    );
+    assert_eq!(
+        http_get(&format!("{ip}:8080"), "/").await.unwrap(),
+        body,
+        "served throughout"
+    );
+
+    // Graceful deletion: the agent stops the pod, then removes its object.
+    let deleting = c
+        .pods()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        deleting.is_left(),
+        "a bound pod is deleted gracefully: the agent finishes it"
+    );
+    wait_until_async("web gone", T, || {
+        let api = c.pods();
+        async move {
+            if api
+                .get_opt("web")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+            {
+                Ok(())
+            } else {
+                Err("still there".to_string())
+            }
+        }
+    })
+    .await;
+    wait_until_async("web's sandbox removed", T, || {
+        let cri = cri.clone();
+        async move {
+            let left = cri
+                .list_pod_sandboxes(Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        }
+    })
+    .await;
+}
+/// The raw response head and body, without following redirects.
+async fn raw_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
