@@ -173,7 +173,7 @@ async fn serve<D: Dataplane + Send + 'static>(
                 synced = true;
                 continue;
             }
-            affected.extend(handle(ev, &mut desired, &shared.metrics));
+            affected.extend(handle(ev, &mut desired, &shared.metrics, initial_done));
         }
         // Until the source has listed everything the data path is left alone: a service
         // seen before its slices must not be programmed empty (refusing connections that
@@ -189,6 +189,11 @@ async fn serve<D: Dataplane + Send + 'static>(
         }
         if synced && !initial_done {
             initial_done = true;
+            // Checked once the listing is complete: files come in any order.
+            for (slice, service) in desired.orphan_slices() {
+                shared.metrics.input_error("missing_service");
+                tracing::warn!(%slice, %service, "endpoint slice for a missing service; kept until the service appears");
+            }
             if let Err(e) = dp.initial_sync_done() {
                 shared.metrics.error(e.kind());
                 tracing::error!(error = %e, "cleaning up after the initial sync");
@@ -227,7 +232,12 @@ async fn serve<D: Dataplane + Send + 'static>(
 
 /// One source event through validation into the desired state; returns the services it
 /// affects. Bad input is logged and counted and changes nothing.
-fn handle(ev: SourceEvent, desired: &mut DesiredState, m: &Metrics) -> Vec<ServiceName> {
+fn handle(
+    ev: SourceEvent,
+    desired: &mut DesiredState,
+    m: &Metrics,
+    listed: bool,
+) -> Vec<ServiceName> {
     let change = match ev {
         SourceEvent::Synced => return Vec::new(),
         SourceEvent::Rejected { origin, error } => {
@@ -251,7 +261,7 @@ fn handle(ev: SourceEvent, desired: &mut DesiredState, m: &Metrics) -> Vec<Servi
         },
         SourceEvent::Apply(Resource::EndpointSlice(slice)) => match SliceSpec::from_k8s(&slice) {
             Ok(Some((name, spec))) => {
-                if !desired.has_service(&spec.service) {
+                if listed && !desired.has_service(&spec.service) {
                     m.input_error("missing_service");
                     tracing::warn!(slice = %name, service = %spec.service, "endpoint slice for a missing service; kept until the service appears");
                 }

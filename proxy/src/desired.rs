@@ -93,6 +93,15 @@ impl DesiredState {
         self.services.keys()
     }
 
+    /// Slices whose service does not exist (O(services with slices); for start-up checks).
+    pub fn orphan_slices(&self) -> Vec<(&SliceName, &ServiceName)> {
+        self.slices_of
+            .iter()
+            .filter(|(svc, _)| !self.services.contains_key(svc))
+            .flat_map(|(svc, slices)| slices.iter().map(move |s| (s, svc)))
+            .collect()
+    }
+
     /// Applies a change; returns the services whose frontends may have changed.
     pub fn apply(&mut self, change: Change) -> Result<Vec<ServiceName>, Rejection> {
         match change {
@@ -268,6 +277,17 @@ mod tests {
         ));
         assert!(!d.has_service(&b));
         assert_eq!(d.frontends(&a).len(), 1);
+    }
+
+    #[test]
+    fn orphan_slices_are_those_without_their_service() {
+        let mut d = DesiredState::default();
+        let (sn, ss) = slice("web-a", "web", 8080, &["10.244.0.1"]);
+        d.apply(Change::Slice(sn, Some(ss))).unwrap();
+        assert_eq!(d.orphan_slices().len(), 1);
+        let (n, s) = svc("web", "10.96.0.1", 80);
+        d.apply(Change::Service(n, Some(s))).unwrap();
+        assert!(d.orphan_slices().is_empty());
     }
 
     #[test]

@@ -108,10 +108,12 @@ impl NetNs {
     /// A real HTTP/1.0 server on `addr` inside the namespace, answering every request with
     /// `body`, on `threads` accepting threads. Stops on Drop.
     pub fn http_server(&self, addr: SocketAddr, body: &str, threads: usize) -> Server {
-        let listener = Arc::new(
-            self.run(|| TcpListener::bind(addr))
-                .expect("binding server"),
-        );
+        let listener = self.run(|| TcpListener::bind(addr)).expect("binding server");
+        // A deep accept queue: a client outrunning a briefly descheduled server must not
+        // see a dropped SYN (a one-second retransmit). listen() again only resizes it.
+        // SAFETY: a listening socket we own.
+        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+        let listener = Arc::new(listener);
         let served = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let handles = (0..threads.max(1))

@@ -91,6 +91,8 @@ pub fn run(cmd: ClientCmd) -> Result<()> {
                     "rate": count as f64 / secs,
                     "p50_us": percentile(&lat, 0.5),
                     "p99_us": percentile(&lat, 0.99),
+                    "max_us": lat.last().copied().unwrap_or(0.0),
+                    "over_100ms": lat.iter().filter(|l| **l > 100_000.0).count(),
                 })
             );
         }

@@ -1,18 +1,26 @@
 //! `cargo xtask bench ...`: benchmarks that run the real components, compare against a
 //! baseline measured in the same run, and write tables, JSON and plots.
 
+pub mod api;
 pub mod client;
+pub mod node;
 pub mod plot;
 pub mod proxy;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
+    /// The API server: latency and throughput by verb and concurrency, watch fan-out, memory.
+    Api(api::Opts),
     /// The service proxy: eBPF vs iptables vs direct, 1 to 100,000 services.
     Proxy(proxy::Opts),
+    /// The node agent: pod startup latency (bound -> Running/Ready) for 1, 10, 50 pods.
+    Node(node::Opts),
 }
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
+        BenchCmd::Api(opts) => api::run_bench(opts),
         BenchCmd::Proxy(opts) => proxy::run_bench(opts),
+        BenchCmd::Node(opts) => node::run_bench(opts),
     }
 }

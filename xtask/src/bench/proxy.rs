@@ -21,6 +21,7 @@ use skiff_tests::netns::{NetNs, Server};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -38,11 +39,15 @@ pub struct Opts {
     #[arg(long, default_value_t = 2000)]
     requests: usize,
     /// Repetitions (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     reps: usize,
     /// Largest service count measured in iptables mode.
     #[arg(long, default_value_t = 100_000)]
     iptables_max: u32,
+    /// Give up on a setup whose initial sync takes longer (iptables-nft at 100,000
+    /// services does), reporting that it did not finish.
+    #[arg(long, default_value_t = 180)]
+    sync_timeout_s: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -70,12 +75,17 @@ struct Row {
     conn_p50_us: f64,
     conn_p99_us: f64,
     http_rate: f64,
+    /// Direct connections measured interleaved with this row's (same machine load).
+    direct_conn_rate: f64,
+    direct_http_rate: f64,
     /// Endpoint change written -> new connections on the new backend.
     change_ms: Option<f64>,
     /// The proxy's time to apply that change to the maps or rules.
     apply_ms: Option<f64>,
     /// Initial sync of all services.
     load_s: Option<f64>,
+    /// The initial sync did not finish within this many seconds: nothing else measured.
+    gave_up_s: Option<u64>,
 }
 
 const BACKEND_1: &str = "127.0.0.2";
@@ -117,14 +127,24 @@ pub fn run_bench(opts: Opts) -> Result<()> {
 
     let mut rows = Vec::new();
     eprintln!("[{}] direct", since(started));
-    rows.push(measure(Mode::Direct, 0, &opts, &proxy_bin, &out_dir)?);
+    // The direct path stays set up for the whole run: every setup's reps alternate with
+    // direct ones, so each ratio compares figures taken under the same machine load.
+    let direct = Bed::new()?;
+    rows.push(measure(
+        Mode::Direct,
+        0,
+        &opts,
+        &proxy_bin,
+        &out_dir,
+        &direct,
+    )?);
     for &n in &opts.services {
         for mode in [Mode::Ebpf, Mode::Iptables] {
             if mode == Mode::Iptables && n > opts.iptables_max {
                 continue;
             }
             eprintln!("[{}] {} with {n} services", since(started), mode.name());
-            let row = measure(mode, n, &opts, &proxy_bin, &out_dir)?;
+            let row = measure(mode, n, &opts, &proxy_bin, &out_dir, &direct)?;
             eprintln!(
                 "    {:.0} conns/s, connect p50 {:.1} us, {:.0} req/s, change {:?} ms, apply {:?} ms",
                 row.conn_rate, row.conn_p50_us, row.http_rate, row.change_ms, row.apply_ms
@@ -137,15 +157,65 @@ pub fn run_bench(opts: Opts) -> Result<()> {
     Ok(())
 }
 
-/// One setup: namespace, backends, cgroup, proxy (unless direct), measurements.
-fn measure(mode: Mode, n: u32, opts: &Opts, proxy_bin: &Path, out: &Path) -> Result<Row> {
-    let ns = NetNs::new("bp");
-    for cidr in ["10.251.0.0/16", "10.252.0.0/16"] {
-        ns.ip(&["route", "add", "local", cidr, "dev", "lo"]);
+/// A namespace with two backends and a client cgroup.
+struct Bed {
+    cg: Cgroup,
+    b1: Server,
+    _b2: Server,
+    ns: NetNs,
+}
+
+impl Bed {
+    fn new() -> Result<Bed> {
+        let ns = NetNs::new("bp");
+        for cidr in ["10.251.0.0/16", "10.252.0.0/16"] {
+            ns.ip(&["route", "add", "local", cidr, "dev", "lo"]);
+        }
+        Ok(Bed {
+            b1: ns.http_server(SocketAddr::new(BACKEND_1.parse()?, PORT), "b1", 4),
+            _b2: ns.http_server(SocketAddr::new(BACKEND_2.parse()?, PORT), "b2", 4),
+            cg: Cgroup::new("bp"),
+            ns,
+        })
     }
-    let b1: Server = ns.http_server(SocketAddr::new(BACKEND_1.parse()?, PORT), "b1", 4);
-    let _b2: Server = ns.http_server(SocketAddr::new(BACKEND_2.parse()?, PORT), "b2", 4);
-    let cg = Cgroup::new("bp");
+
+    /// Runs the bench client inside the namespace and cgroup.
+    fn client(&self, args: &[String]) -> Result<serde_json::Value> {
+        let mut cmd = self.ns.command(std::env::current_exe()?);
+        self.cg.enter_before_exec(&mut cmd);
+        let out = cmd.arg("bench-client").args(args).output()?;
+        if !out.status.success() {
+            bail!(
+                "bench client failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One setup (a fresh bed and proxy, unless direct) and its measurements.
+fn measure(
+    mode: Mode,
+    n: u32,
+    opts: &Opts,
+    proxy_bin: &Path,
+    out: &Path,
+    direct: &Bed,
+) -> Result<Row> {
+    let own;
+    let bed = if mode == Mode::Direct {
+        direct
+    } else {
+        own = Bed::new()?;
+        &own
+    };
+    let (ns, cg) = (&bed.ns, &bed.cg);
     let work = out.join(format!("work-{}-{n}", mode.name()));
     let _ = std::fs::remove_dir_all(&work);
     let manifests = work.join("manifests");
@@ -154,7 +224,7 @@ fn measure(mode: Mode, n: u32, opts: &Opts, proxy_bin: &Path, out: &Path) -> Res
     std::fs::create_dir_all(&bpffs)?;
     let probe = n / 2;
     let target = if mode == Mode::Direct {
-        b1.addr
+        bed.b1.addr
     } else {
         SocketAddr::new(vip(probe), 80)
     };
@@ -174,7 +244,15 @@ fn measure(mode: Mode, n: u32, opts: &Opts, proxy_bin: &Path, out: &Path) -> Res
                 mounted = true;
             }
             let t = Instant::now();
-            let p = Proxy::start(mode, n, proxy_bin, &manifests, &bpffs, &cg, &ns)?;
+            let timeout = Duration::from_secs(opts.sync_timeout_s);
+            let Some(p) = Proxy::start(mode, n, proxy_bin, &manifests, &bpffs, cg, ns, timeout)?
+            else {
+                eprintln!(
+                    "    initial sync of {n} services did not finish in {timeout:?}: giving up"
+                );
+                row.gave_up_s = Some(opts.sync_timeout_s);
+                return Ok(());
+            };
             row.load_s = Some(t.elapsed().as_secs_f64());
             eprintln!(
                 "    initial sync of {n} services: {:.2} s",
@@ -182,36 +260,41 @@ fn measure(mode: Mode, n: u32, opts: &Opts, proxy_bin: &Path, out: &Path) -> Res
             );
             proxy = Some(p);
         }
-        let client = |args: &[String]| -> Result<serde_json::Value> {
-            let exe = std::env::current_exe()?;
-            let mut cmd = ns.command(exe);
-            cg.enter_before_exec(&mut cmd);
-            let out = cmd.arg("bench-client").args(args).output()?;
-            if !out.status.success() {
-                bail!(
-                    "bench client failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            Ok(serde_json::from_slice(&out.stdout)?)
-        };
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         let (mut rate, mut p50, mut p99, mut http) = (vec![], vec![], vec![], vec![]);
+        let (mut d_rate, mut d_http) = (vec![], vec![]);
+        let connect = |bed: &Bed, to: SocketAddr| {
+            bed.client(&["connect".into(), to.to_string(), opts.connects.to_string()])
+        };
+        let get = |bed: &Bed, to: SocketAddr| -> Result<f64> {
+            let h = bed.client(&["http".into(), to.to_string(), opts.requests.to_string()])?;
+            Ok(h["rate"].as_f64().unwrap_or(0.0))
+        };
         for _ in 0..opts.reps {
-            let c = client(&[
-                "connect".into(),
-                target.to_string(),
-                opts.connects.to_string(),
-            ])?;
+            if mode != Mode::Direct {
+                let d = connect(direct, direct.b1.addr)?;
+                d_rate.push(d["rate"].as_f64().unwrap_or(0.0));
+            }
+            let c = connect(bed, target)?;
             rate.push(c["rate"].as_f64().unwrap_or(0.0));
+            eprintln!(
+                "    connect: {:.0}/s p50 {:.1} us max {:.0} us",
+                c["rate"].as_f64().unwrap_or(0.0),
+                c["p50_us"].as_f64().unwrap_or(0.0),
+                c["max_us"].as_f64().unwrap_or(0.0),
+            );
             p50.push(c["p50_us"].as_f64().unwrap_or(0.0));
             p99.push(c["p99_us"].as_f64().unwrap_or(0.0));
-            let h = client(&["http".into(), target.to_string(), opts.requests.to_string()])?;
-            http.push(h["rate"].as_f64().unwrap_or(0.0));
+            if mode != Mode::Direct {
+                d_http.push(get(direct, direct.b1.addr)?);
+            }
+            http.push(get(bed, target)?);
         }
+        if mode == Mode::Direct {
+            d_rate.clone_from(&rate);
+            d_http.clone_from(&http);
+        }
+        row.direct_conn_rate = median(d_rate);
+        row.direct_http_rate = median(d_http);
         row.conn_rate = median(rate);
         row.conn_p50_us = median(p50);
         row.conn_p99_us = median(p99);
@@ -222,7 +305,7 @@ fn measure(mode: Mode, n: u32, opts: &Opts, proxy_bin: &Path, out: &Path) -> Res
                 .into_iter()
                 .enumerate()
             {
-                let (c, a) = endpoint_change(p, &ns, &cg, &manifests, target, probe, ip, name)
+                let (c, a) = endpoint_change(p, ns, cg, &manifests, target, probe, ip, name)
                     .with_context(|| format!("endpoint change {i}"))?;
                 change.push(c);
                 if let Some(a) = a {
@@ -345,6 +428,9 @@ struct Proxy {
 }
 
 impl Proxy {
+    /// Starts the proxy and waits for its initial sync; `None` if that takes longer than
+    /// `timeout`.
+    #[allow(clippy::too_many_arguments)]
     fn start(
         mode: Mode,
         n: u32,
@@ -353,7 +439,8 @@ impl Proxy {
         bpffs: &Path,
         cg: &Cgroup,
         ns: &NetNs,
-    ) -> Result<Proxy> {
+        timeout: Duration,
+    ) -> Result<Option<Proxy>> {
         let mut cmd = match mode {
             Mode::Iptables => ns.command(bin),
             _ => Command::new(bin),
@@ -369,6 +456,7 @@ impl Proxy {
             .args(["--max-services", &capacity.to_string()])
             .args(["--max-backends", &(2 * capacity).to_string()])
             .env("RUST_LOG", "info,proxy::daemon=debug")
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -383,7 +471,7 @@ impl Proxy {
         });
         let proxy = Proxy { child, logs };
         // Ready once the initial sync is logged (all services programmed).
-        let deadline = Instant::now() + Duration::from_secs(600);
+        let deadline = Instant::now() + timeout;
         loop {
             if proxy
                 .logs
@@ -392,10 +480,10 @@ impl Proxy {
                 .iter()
                 .any(|l| l.contains("initial sync done"))
             {
-                return Ok(proxy);
+                return Ok(Some(proxy));
             }
             if Instant::now() > deadline {
-                bail!("proxy never finished its initial sync");
+                return Ok(None);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -404,8 +492,19 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        let pid = self.child.id() as i32;
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Stuck in a long iptables-restore: end it and its children (own process group).
+        // SAFETY: signalling the process group we created for the child.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
         let _ = self.child.wait();
     }
 }
@@ -445,6 +544,14 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
+        if let Some(t) = r.gave_up_s {
+            let _ = writeln!(
+                md,
+                "| {} | {} | - | - | - | - | - | - | - | not done in {t} | - | - |",
+                r.mode, r.services
+            );
+            continue;
+        }
         let vs_ipt = match r.mode {
             "ebpf" => {
                 find("iptables", r.services).map_or("-".into(), |i| ratio(r.conn_rate, i.conn_rate))
@@ -461,13 +568,17 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
                 r.services.to_string()
             },
             r.conn_rate,
-            ratio(r.conn_rate, direct.conn_rate),
+            ratio(r.conn_rate, r.direct_conn_rate),
             r.conn_p50_us,
             r.conn_p99_us,
             r.http_rate,
-            ratio(r.http_rate, direct.http_rate),
+            ratio(r.http_rate, r.direct_http_rate),
             vs_ipt,
-            r.load_s.map_or("-".into(), |s| format!("{s:.2}")),
+            match (r.load_s, r.gave_up_s) {
+                (Some(s), _) => format!("{s:.2}"),
+                (None, Some(t)) => format!("not done in {t}"),
+                _ => "-".into(),
+            },
             opt_ms(r.change_ms),
             opt_ms(r.apply_ms),
         );
@@ -481,8 +592,11 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
         "rows": rows.iter().map(|r| json!({
             "mode": r.mode, "services": r.services,
             "conn_rate": r.conn_rate, "conn_p50_us": r.conn_p50_us, "conn_p99_us": r.conn_p99_us,
-            "http_rate": r.http_rate, "conn_rate_vs_direct": r.conn_rate / direct.conn_rate.max(1e-9),
-            "initial_sync_s": r.load_s, "endpoint_change_ms": r.change_ms, "apply_ms": r.apply_ms,
+            "http_rate": r.http_rate,
+            "direct_conn_rate": r.direct_conn_rate, "direct_http_rate": r.direct_http_rate,
+            "conn_rate_vs_direct": r.conn_rate / r.direct_conn_rate.max(1e-9),
+            "http_rate_vs_direct": r.http_rate / r.direct_http_rate.max(1e-9),
+            "initial_sync_s": r.load_s, "gave_up_after_s": r.gave_up_s, "endpoint_change_ms": r.change_ms, "apply_ms": r.apply_ms,
         })).collect::<Vec<_>>(),
     });
     std::fs::write(out.join("proxy.json"), serde_json::to_string_pretty(&json)?)?;
@@ -506,7 +620,7 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
         }
         s
     };
-    let mut rate = series(&|r| Some(r.conn_rate));
+    let mut rate = series(&|r| (r.conn_rate > 0.0).then_some(r.conn_rate));
     let xs: Vec<f64> = opts.services.iter().map(|n| *n as f64).collect();
     rate.insert(
         0,

@@ -1,0 +1,476 @@
+//! `cargo xtask bench api`: the API server (release build, its own process and data
+//! directory) under load from kube-rs clients: create/update/get/list latency and throughput
+//! at 1, 16 and 64 concurrent clients; creates paced at 100/s; watch delivery latency (write
+//! to event) with 1, 100 and 1,000 watchers; server memory with 100,000 objects stored.
+//! Mutating p99s are compared with Kubernetes' SLO (p99 <= 1 s) as a ratio. Prints a table,
+//! writes bench-results/api.{json,md} and api-latency.svg (copied to docs/bench/).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use serde_json::json;
+use skiff_tests::apiserver::ApiServerProcess;
+
+use super::plot::{self, Chart, Series};
+use crate::setup::{root, run};
+
+#[derive(clap::Args)]
+pub struct Opts {
+    /// Operations per (operation, concurrency) cell.
+    #[arg(long, default_value_t = 2000)]
+    ops: usize,
+    /// Objects stored for the memory figure.
+    #[arg(long, default_value_t = 100_000)]
+    objects: usize,
+    /// Watcher counts for the delivery latency.
+    #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
+    watchers: Vec<usize>,
+}
+
+const CONCURRENCY: [usize; 3] = [1, 16, 64];
+/// Kubernetes' API call latency SLO for mutating calls (p99).
+const SLO_MUTATING: Duration = Duration::from_secs(1);
+
+/// Latency samples of one measurement.
+struct Sample {
+    name: String,
+    concurrency: usize,
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+}
+
+impl Sample {
+    fn pct(&self, p: f64) -> Duration {
+        let mut v = self.latencies.clone();
+        v.sort();
+        if v.is_empty() {
+            return Duration::ZERO;
+        }
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    }
+    fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+fn cm(name: &str, annotations: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "annotations": annotations, "labels": {"bench": "api"}},
+        "data": {"key": "value", "other": "a small configuration value"},
+    }))
+    .expect("a valid ConfigMap")
+}
+
+pub fn run_bench(opts: Opts) -> Result<()> {
+    eprintln!("bench api: building control-plane (release)");
+    run(Command::new(env!("CARGO")).current_dir(root()).args([
+        "build",
+        "--release",
+        "-p",
+        "control-plane",
+    ]))?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let bin = target.join("release/control-plane");
+    let scratch = tempdir()?;
+    let server =
+        ApiServerProcess::start(&bin, &scratch.join("data"), &["--bookmark-interval", "60"]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(measure(&opts, &server));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&scratch);
+    report(result?)
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("skiff-bench-api-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+async fn client(server: &ApiServerProcess) -> Result<Client> {
+    let kc = Kubeconfig::read_from(server.kubeconfig())?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+async fn namespace(c: &Client, name: &str) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<Namespace>::all(c.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+struct Results {
+    samples: Vec<Sample>,
+    watch: Vec<Sample>,
+    rss_empty_kib: u64,
+    rss_full_kib: u64,
+    objects: usize,
+    load_secs: f64,
+}
+
+/// Runs `ops` operations from `concurrency` tasks; `op(task, i)` does operation i of a task.
+async fn drive<F, Fut>(name: &str, concurrency: usize, ops: usize, op: F) -> Result<Sample>
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
+    let op = Arc::new(op);
+    let per_task = ops.div_ceil(concurrency);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..concurrency {
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_task);
+            for i in 0..per_task {
+                let t0 = Instant::now();
+                op(t, i).await?;
+                lat.push(t0.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await??);
+    }
+    Ok(Sample {
+        name: name.to_string(),
+        concurrency,
+        latencies,
+        elapsed: started.elapsed(),
+    })
+}
+
+async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
+    let c = client(server).await?;
+    let pid = server.pid().context("server pid")?;
+    let rss_empty_kib = rss_kib(pid)?;
+    let mut samples = Vec::new();
+    for &conc in &CONCURRENCY {
+        let ns = format!("bench-c{conc}");
+        namespace(&c, &ns).await?;
+        let api: Api<ConfigMap> = Api::namespaced(c.clone(), &ns);
+        eprintln!("bench api: {conc} clients");
+        let a = api.clone();
+        samples.push(
+            drive("create", conc, opts.ops, move |t, i| {
+                let a = a.clone();
+                async move {
+                    a.create(
+                        &PostParams::default(),
+                        &cm(&format!("o-{t}-{i}"), json!({})),
+                    )
+                    .await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
+        let a = api.clone();
+        samples.push(
+            drive("update", conc, opts.ops, move |t, i| {
+                let a = a.clone();
+                async move {
+                    // Each task rewrites its own objects: no conflicts, a real CAS each time.
+                    let o = cm(&format!("o-{t}-{i}"), json!({"rev": i.to_string()}));
+                    a.replace(&format!("o-{t}-{i}"), &PostParams::default(), &o)
+                        .await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
+        let a = api.clone();
+        samples.push(
+            drive("get", conc, opts.ops, move |t, i| {
+                let a = a.clone();
+                async move {
+                    a.get(&format!("o-{t}-{i}")).await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
+        let a = api.clone();
+        samples.push(
+            drive("list (100)", conc, opts.ops / 4, move |_, _| {
+                let a = a.clone();
+                async move {
+                    a.list(&ListParams::default().limit(100)).await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
+    }
+    samples.push(paced_creates(&c, 100, Duration::from_secs(10)).await?);
+    let mut watch = Vec::new();
+    for &w in &opts.watchers {
+        watch.push(watch_latency(&c, server, w, 100).await?);
+    }
+    eprintln!("bench api: storing {} objects", opts.objects);
+    namespace(&c, "bench-mem").await?;
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), "bench-mem");
+    let load = drive("load", 64, opts.objects, move |t, i| {
+        let a = api.clone();
+        async move {
+            a.create(
+                &PostParams::default(),
+                &cm(&format!("m-{t}-{i}"), json!({})),
+            )
+            .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let rss_full_kib = rss_kib(pid)?;
+    Ok(Results {
+        samples,
+        watch,
+        rss_empty_kib,
+        rss_full_kib,
+        objects: load.latencies.len(),
+        load_secs: load.elapsed.as_secs_f64(),
+    })
+}
+
+/// Creates at a fixed rate (the "p99 under 25 ms at 100 writes/s").
+async fn paced_creates(c: &Client, per_sec: u64, for_: Duration) -> Result<Sample> {
+    eprintln!("bench api: creates paced at {per_sec}/s");
+    namespace(c, "bench-paced").await?;
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), "bench-paced");
+    let n = per_sec * for_.as_secs();
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per_sec));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        tick.tick().await;
+        let a = api.clone();
+        tasks.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            a.create(&PostParams::default(), &cm(&format!("p-{i}"), json!({})))
+                .await?;
+            Ok::<_, anyhow::Error>(t0.elapsed())
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.push(t.await??);
+    }
+    Ok(Sample {
+        name: format!("create @{per_sec}/s"),
+        concurrency: 0,
+        latencies,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// `watchers` watches on one namespace, then `writes` creates 20 ms apart; each event's
+/// latency is its arrival minus its write's start (sent in an annotation, same clock).
+async fn watch_latency(
+    c: &Client,
+    server: &ApiServerProcess,
+    watchers: usize,
+    writes: usize,
+) -> Result<Sample> {
+    eprintln!("bench api: watch delivery to {watchers} watchers");
+    let ns = format!("bench-w{watchers}");
+    namespace(c, &ns).await?;
+    let base = Instant::now();
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), &ns);
+    let rv = api
+        .list(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let mut tasks = Vec::new();
+    // Watchers get their own clients (connection pools) so they do not queue behind writes.
+    let watch_client = client(server).await?;
+    for _ in 0..watchers {
+        let api: Api<ConfigMap> = Api::namespaced(watch_client.clone(), &ns);
+        let mut stream = api
+            .watch(&WatchParams::default().timeout(120), &rv)
+            .await?
+            .boxed();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(writes);
+            while lat.len() < writes {
+                match stream.try_next().await? {
+                    Some(WatchEvent::Added(o)) => {
+                        let sent: u64 = o
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("sent-us"))
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0);
+                        let now = base.elapsed().as_micros() as u64;
+                        lat.push(Duration::from_micros(now.saturating_sub(sent)));
+                    }
+                    Some(_) => {}
+                    None => anyhow::bail!("watch ended early"),
+                }
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for i in 0..writes {
+        tick.tick().await;
+        let sent = base.elapsed().as_micros().to_string();
+        api.create(
+            &PostParams::default(),
+            &cm(&format!("w-{i}"), json!({"sent-us": sent})),
+        )
+        .await?;
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(tokio::time::timeout(Duration::from_secs(120), t).await???);
+    }
+    Ok(Sample {
+        name: "watch delivery".into(),
+        concurrency: watchers,
+        latencies,
+        elapsed: started.elapsed(),
+    })
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("VmRSS")
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn report(r: Results) -> Result<()> {
+    let mut md = String::from(
+        "| operation | clients | ops | ops/s | p50 ms | p99 ms | p99 / SLO (1 s) |\n|---|---|---|---|---|---|---|\n",
+    );
+    let mut rows = Vec::new();
+    for s in &r.samples {
+        let mutating = s.name.starts_with("create") || s.name.starts_with("update");
+        let slo = if mutating {
+            format!(
+                "{:.4}",
+                s.pct(0.99).as_secs_f64() / SLO_MUTATING.as_secs_f64()
+            )
+        } else {
+            "-".into()
+        };
+        let clients = if s.concurrency == 0 {
+            "paced".to_string()
+        } else {
+            s.concurrency.to_string()
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} |\n",
+            s.name,
+            clients,
+            s.latencies.len(),
+            s.rate(),
+            ms(s.pct(0.5)),
+            ms(s.pct(0.99)),
+            slo
+        ));
+        rows.push(
+            json!({"operation": s.name, "clients": s.concurrency, "ops": s.latencies.len(),
+            "ops_per_s": s.rate(), "p50_ms": ms(s.pct(0.5)), "p99_ms": ms(s.pct(0.99))}),
+        );
+    }
+    md.push_str("\n| watchers | events delivered | p50 ms | p99 ms |\n|---|---|---|---|\n");
+    let mut watch_rows = Vec::new();
+    for s in &r.watch {
+        md.push_str(&format!(
+            "| {} | {} | {:.2} | {:.2} |\n",
+            s.concurrency,
+            s.latencies.len(),
+            ms(s.pct(0.5)),
+            ms(s.pct(0.99))
+        ));
+        watch_rows.push(
+            json!({"watchers": s.concurrency, "events": s.latencies.len(),
+            "p50_ms": ms(s.pct(0.5)), "p99_ms": ms(s.pct(0.99))}),
+        );
+    }
+    let per_object =
+        (r.rss_full_kib.saturating_sub(r.rss_empty_kib)) as f64 * 1024.0 / r.objects.max(1) as f64;
+    md.push_str(&format!(
+        "\nMemory: {} objects stored in {:.1} s ({:.0}/s); server RSS {:.1} MiB empty, {:.1} MiB full ({:.0} bytes per object).\n",
+        r.objects,
+        r.load_secs,
+        r.objects as f64 / r.load_secs.max(1e-9),
+        r.rss_empty_kib as f64 / 1024.0,
+        r.rss_full_kib as f64 / 1024.0,
+        per_object
+    ));
+    println!("{md}");
+    let out = root().join("bench-results");
+    std::fs::create_dir_all(&out)?;
+    let doc = json!({
+        "latency": rows,
+        "watch": watch_rows,
+        "memory": {"objects": r.objects, "rss_empty_kib": r.rss_empty_kib, "rss_full_kib": r.rss_full_kib,
+            "bytes_per_object": per_object, "load_seconds": r.load_secs},
+        "slo_mutating_p99_seconds": SLO_MUTATING.as_secs_f64(),
+    });
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    let series: Vec<Series> = ["create", "update", "get", "list (100)"]
+        .iter()
+        .zip(colors)
+        .map(|(op, color)| Series {
+            name: format!("{op} p99"),
+            color,
+            points: r
+                .samples
+                .iter()
+                .filter(|s| s.name == *op)
+                .map(|s| (s.concurrency as f64, ms(s.pct(0.99))))
+                .collect(),
+        })
+        .collect();
+    let svg = plot::svg(
+        &Chart {
+            title: "API server p99 latency vs concurrent clients",
+            x_label: "concurrent clients",
+            y_label: "p99 ms",
+            log_x: true,
+            log_y: true,
+        },
+        &series,
+    );
+    let docs = root().join("docs/bench");
+    std::fs::create_dir_all(&docs)?;
+    for dir in [&out, &docs] {
+        std::fs::write(dir.join("api.json"), serde_json::to_string_pretty(&doc)?)?;
+        std::fs::write(dir.join("api.md"), &md)?;
+        std::fs::write(dir.join("api-latency.svg"), &svg)?;
+    }
+    eprintln!("bench api: wrote bench-results/api.{{json,md}} and api-latency.svg (copied to docs/bench/)");
+    Ok(())
+}
