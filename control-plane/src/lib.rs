@@ -3,4 +3,5 @@
 
 pub mod apiserver;
 pub mod machinery;
+pub mod runtime;
 pub mod store;
