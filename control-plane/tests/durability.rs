@@ -131,4 +131,5 @@ async fn acknowledged_writes_survive_kill_9() {
     )
     .await;
     watch_task.abort();
+    assert!(server.terminate(), "SIGTERM ends the server cleanly");
 }

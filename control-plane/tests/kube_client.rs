@@ -284,6 +284,58 @@ async fn kube_runtime_watcher_and_reflector_follow_changes() {
     )
     .await;
     task.abort();
+
+    // A streaming list (sendInitialEvents, ended by the initial-events-end bookmark).
+    let (streamed, writer) = reflector::store::<Pod>();
+    let stream = reflector(
+        writer,
+        watcher(pods.clone(), watcher::Config::default().streaming_lists()),
+    )
+    .applied_objects()
+    .boxed();
+    let task = tokio::spawn(async move {
+        stream
+            .for_each(|e| async move {
+                e.expect("watcher error");
+            })
+            .await;
+    });
+    streamed.wait_until_ready().await.unwrap();
+    assert_eq!(names(&streamed), ["after"]);
+    task.abort();
+    f.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn health_version_and_metrics_endpoints() {
+    let f = start_with(|_| {}).await;
+    let get = |p: &'static str| {
+        let c = f.client.clone();
+        async move {
+            let req = http::Request::get(p).body(Vec::new()).unwrap();
+            c.request_text(req).await.unwrap()
+        }
+    };
+    assert_eq!(get("/healthz").await, "ok");
+    assert_eq!(get("/readyz").await, "ok");
+    let v: serde_json::Value = serde_json::from_str(&get("/version").await).unwrap();
+    assert_eq!(
+        (v["major"].as_str(), v["minor"].as_str()),
+        (Some("1"), Some("33"))
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
+    cms.create(&PostParams::default(), &cm("m", json!({})))
+        .await
+        .unwrap();
+    let m = get("/metrics").await;
+    assert!(
+        m.contains("skiff_apiserver_writes_total{resource=\"configmaps\",verb=\"create\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("skiff_apiserver_request_duration_seconds"),
+        "{m}"
+    );
     f.server.shutdown().await;
 }
 
@@ -317,4 +369,156 @@ async fn data_survives_a_restart_and_revisions_continue() {
     };
     assert!(rv(&b) > rv(&a), "revision continues after restart");
     server.shutdown().await;
+}
+
+#[tokio::test]
+async fn binding_reaches_the_node_scoped_watch_once() {
+    let f = start_with(|_| {}).await;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), "default");
+    let all_pods: Api<Pod> = Api::all(f.client.clone());
+    let rv = all_pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    // The node agent's watch: only pods bound to its node (served from the nodeName index).
+    let mut node_watch = all_pods
+        .watch(
+            &WatchParams::default()
+                .fields("spec.nodeName=node-1")
+                .timeout(10),
+            &rv,
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let p = pods
+        .create(&PostParams::default(), &pod("bind-me"))
+        .await
+        .unwrap();
+    assert_eq!(p.status.unwrap().phase.as_deref(), Some("Pending"));
+    let spec = p.spec.unwrap();
+    assert_eq!(spec.restart_policy.as_deref(), Some("Always"), "defaulted");
+    assert_eq!(spec.termination_grace_period_seconds, Some(30));
+
+    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "bind-me"}, "target": {"kind": "Node", "name": "node-1"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "binding",
+        "bind-me",
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .unwrap();
+    match pods
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            "bind-me",
+            &PostParams::default(),
+            &binding,
+        )
+        .await
+        .unwrap_err()
+    {
+        kube::Error::Api(s) => assert_eq!(s.code, 409),
+        other => panic!("expected 409, got {other:?}"),
+    }
+    let bound = pods.get("bind-me").await.unwrap();
+    assert_eq!(bound.spec.unwrap().node_name.as_deref(), Some("node-1"));
+    let scheduled = bound.status.unwrap().conditions.unwrap();
+    assert!(scheduled
+        .iter()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "True"));
+
+    // Entering the node's selection is ADDED for that watcher.
+    match node_watch.try_next().await.unwrap().unwrap() {
+        WatchEvent::Added(p) => assert_eq!(p.metadata.name.as_deref(), Some("bind-me")),
+        other => panic!("expected ADDED, got {other:?}"),
+    }
+
+    // Graceful deletion: the pod stays with a deletionTimestamp until a grace-0 delete.
+    pods.delete("bind-me", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleting = pods.get("bind-me").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    assert_eq!(deleting.metadata.deletion_grace_period_seconds, Some(30));
+    match node_watch.try_next().await.unwrap().unwrap() {
+        WatchEvent::Modified(p) => assert!(p.metadata.deletion_timestamp.is_some()),
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+    pods.delete("bind-me", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    match node_watch.try_next().await.unwrap().unwrap() {
+        WatchEvent::Deleted(p) => assert_eq!(p.metadata.name.as_deref(), Some("bind-me")),
+        other => panic!("expected DELETED, got {other:?}"),
+    }
+    assert!(pods.get_opt("bind-me").await.unwrap().is_none());
+    f.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn finalizers_dry_run_and_delete_collection() {
+    let f = start_with(|_| {}).await;
+    let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
+    // dryRun=All stores nothing.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    cms.create(&dry, &cm("dry", json!({}))).await.unwrap();
+    assert!(cms.get_opt("dry").await.unwrap().is_none());
+
+    // A finalizer holds the object after delete until it is removed.
+    let mut held = cm("held", json!({}));
+    held.metadata.finalizers = Some(vec!["skiff.test/hold".into()]);
+    cms.create(&PostParams::default(), &held).await.unwrap();
+    cms.delete("held", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let h = cms.get("held").await.unwrap();
+    assert!(h.metadata.deletion_timestamp.is_some());
+    let fins = h.metadata.finalizers.unwrap();
+    assert!(fins.contains(&"foregroundDeletion".to_string()), "{fins:?}");
+    cms.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        cms.get_opt("held").await.unwrap().is_none(),
+        "gone once the finalizers are"
+    );
+
+    for i in 0..4 {
+        let tier = if i < 3 { "a" } else { "b" };
+        cms.create(
+            &PostParams::default(),
+            &cm(&format!("dc{i}"), json!({"tier": tier})),
+        )
+        .await
+        .unwrap();
+    }
+    cms.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("tier=a"),
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| c.metadata.name.unwrap())
+        .collect();
+    assert_eq!(left, ["dc3"]);
+    f.server.shutdown().await;
 }
