@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use node::agent::{AgentConfig, RunningAgent};
 use node::containerd::RuntimeSettings;
+use node::layout::Layout;
 use node::names::NodeName;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -38,9 +39,20 @@ enum Command {
         /// The sandbox (pause) image.
         #[arg(long, default_value = "127.0.0.1:5000/skiff/pause:latest")]
         pause_image: String,
-        /// Registries reached over plain HTTP.
+        /// Registries reached over plain HTTP (`host:port`, or `host:port=http://endpoint`
+        /// to reach it at another address).
         #[arg(long, default_value = "127.0.0.1:5000")]
         insecure_registry: Vec<String>,
+    },
+    /// Remove everything a stopped agent left on this machine: its pods, its containerd's
+    /// state, its bridge and cgroups (the agent itself leaves pods running on exit).
+    Reset {
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "/var/lib/skiff/node")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:5000/skiff/pause:latest")]
+        pause_image: String,
     },
 }
 
@@ -51,41 +63,57 @@ async fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let Command::Run {
-        kubeconfig,
-        name,
-        data_dir,
-        cri_socket,
-        node_ip,
-        listen,
-        pause_image,
-        insecure_registry,
-    } = Cli::parse().command;
-    let name = match name {
-        Some(n) => n,
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .context("reading the host name")?
-            .trim()
-            .to_string(),
-    };
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let client_config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    let client = kube::Client::try_from(client_config)?;
-    let runtime = RuntimeSettings {
-        sandbox_image: pause_image,
-        insecure_registries: insecure_registry,
-    };
-    let mut config = AgentConfig::new(NodeName::new(name), data_dir, runtime);
-    config.cri_socket = cri_socket;
-    config.node_ip = node_ip;
-    config.listen = listen;
-    let agent = RunningAgent::start(config, client).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    match Cli::parse().command {
+        Command::Run {
+            kubeconfig,
+            name,
+            data_dir,
+            cri_socket,
+            node_ip,
+            listen,
+            pause_image,
+            insecure_registry,
+        } => {
+            let name = match name {
+                Some(n) => n,
+                None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .context("reading the host name")?
+                    .trim()
+                    .to_string(),
+            };
+            let kc = kube::config::Kubeconfig::read_from(&kubeconfig)
+                .with_context(|| format!("reading {}", kubeconfig.display()))?;
+            let client_config =
+                kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+            let client = kube::Client::try_from(client_config)?;
+            let runtime = RuntimeSettings {
+                sandbox_image: pause_image,
+                insecure_registries: insecure_registry,
+            };
+            let mut config = AgentConfig::new(NodeName::new(name), data_dir, runtime);
+            config.cri_socket = cri_socket;
+            config.node_ip = node_ip;
+            config.listen = listen;
+            let agent = RunningAgent::start(config, client).await?;
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            agent.shutdown().await;
+        }
+        Command::Reset {
+            name,
+            data_dir,
+            pause_image,
+        } => {
+            let runtime = RuntimeSettings {
+                sandbox_image: pause_image,
+                insecure_registries: vec![],
+            };
+            node::agent::reset(&NodeName::new(name), &Layout::new(data_dir), &runtime).await?;
+        }
     }
-    agent.shutdown().await;
     Ok(())
 }

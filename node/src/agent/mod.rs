@@ -281,19 +281,43 @@ impl RunningAgent {
 
     /// Removes every pod and the node's network from this machine (tests, `xtask down`).
     pub async fn remove_everything(self) {
-        let cri = self.cri.clone();
-        if let Ok(sandboxes) = cri.list_pod_sandboxes(Default::default()).await {
-            for s in sandboxes {
-                let _ = cri.stop_pod_sandbox(&s.id).await;
-                let _ = cri.remove_pod_sandbox(&s.id).await;
-            }
-        }
+        remove_all_pods(&self.cri).await;
         let (name, layout) = (self.name.clone(), self.layout.clone());
         self.shutdown().await;
-        cni::remove_bridge(&name);
-        crate::cgroups::remove_tree(&name.cgroup_root());
-        let _ = std::fs::remove_dir_all(layout.root().join("pods"));
+        remove_node_traces(&name, &layout);
     }
+}
+
+/// Stops and removes every sandbox (and so every container) the runtime has.
+pub async fn remove_all_pods(cri: &Cri) {
+    if let Ok(sandboxes) = cri.list_pod_sandboxes(Default::default()).await {
+        for s in sandboxes {
+            let _ = cri.stop_pod_sandbox(&s.id).await;
+            let _ = cri.remove_pod_sandbox(&s.id).await;
+        }
+    }
+}
+
+/// What a node leaves on the machine besides its runtime: its bridge, its cgroups, and
+/// its pods' volume directories.
+pub fn remove_node_traces(name: &NodeName, layout: &Layout) {
+    cni::remove_bridge(name);
+    crate::cgroups::remove_tree(&name.cgroup_root());
+    let _ = std::fs::remove_dir_all(layout.root().join("pods"));
+}
+
+/// Removes everything an agent of `name` left under `layout` and on the machine: every
+/// sandbox in its containerd (started here for the purpose), its bridge and cgroups.
+pub async fn reset(
+    name: &NodeName,
+    layout: &Layout,
+    runtime: &RuntimeSettings,
+) -> Result<(), AgentError> {
+    let containerd = Containerd::start(layout.clone(), runtime).await?;
+    remove_all_pods(&containerd.cri()).await;
+    containerd.stop().await;
+    remove_node_traces(name, layout);
+    Ok(())
 }
 
 fn configure_network(layout: &Layout, name: &NodeName, cidr: Cidr, facts: &mut NodeFacts) {

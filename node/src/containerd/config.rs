@@ -9,7 +9,9 @@ use std::fmt::Write;
 pub struct RuntimeSettings {
     /// The sandbox (pause) image, pulled from the local registry on first use.
     pub sandbox_image: String,
-    /// Registries reached over plain HTTP (`host:port`), such as the local one.
+    /// Registries reached over plain HTTP: `host:port` (such as the local one), or
+    /// `host:port=http://endpoint` to reach it at another address (a node in its own network
+    /// namespace reaches the host's registry through its link).
     pub insecure_registries: Vec<String>,
 }
 
@@ -77,10 +79,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         cni_conf = layout.cni_conf_dir().display(),
         runc_root = dir.join("runc").display(),
     );
-    for registry in &settings.insecure_registries {
+    for entry in &settings.insecure_registries {
+        let (registry, endpoint) = match entry.split_once('=') {
+            Some((r, e)) => (r, e.to_string()),
+            None => (entry.as_str(), format!("http://{entry}")),
+        };
         let _ = write!(
             s,
-            "\n[{cri}.registry.mirrors.\"{registry}\"]\n  endpoint = [\"http://{registry}\"]\n"
+            "\n[{cri}.registry.mirrors.\"{registry}\"]\n  endpoint = [\"{endpoint}\"]\n"
         );
     }
     s
@@ -97,8 +103,15 @@ mod tests {
             &layout,
             &RuntimeSettings {
                 sandbox_image: "127.0.0.1:5000/skiff/pause:latest".into(),
-                insecure_registries: vec!["127.0.0.1:5000".into()],
+                insecure_registries: vec![
+                    "127.0.0.1:5000".into(),
+                    "r:1=http://10.0.0.1:5000".into(),
+                ],
             },
+        );
+        assert!(
+            text.contains("mirrors.\"r:1\"]\n  endpoint = [\"http://10.0.0.1:5000\"]"),
+            "{text}"
         );
         assert!(text.contains("restrict_oom_score_adj = true"));
         assert!(text.contains(r#"address = "/data/n1/containerd/containerd.sock""#));

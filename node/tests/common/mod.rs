@@ -52,17 +52,11 @@ impl TestRuntime {
     }
 
     async fn teardown(&mut self) {
-        if let Ok(sandboxes) = self.cri.list_pod_sandboxes(Default::default()).await {
-            for s in sandboxes {
-                let _ = self.cri.stop_pod_sandbox(&s.id).await;
-                let _ = self.cri.remove_pod_sandbox(&s.id).await;
-            }
-        }
+        node::agent::remove_all_pods(&self.cri).await;
         if let Some(c) = self.containerd.take() {
             c.stop().await;
         }
-        node::cni::remove_bridge(&self.node);
-        node::cgroups::remove_tree(&self.node.cgroup_root());
+        node::agent::remove_node_traces(&self.node, &self.layout);
     }
 }
 
