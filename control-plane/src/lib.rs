@@ -4,4 +4,5 @@
 pub mod apiserver;
 pub mod machinery;
 pub mod runtime;
+pub mod scheduler;
 pub mod store;
