@@ -522,3 +522,50 @@ async fn finalizers_dry_run_and_delete_collection() {
     assert_eq!(left, ["dc3"]);
     f.server.shutdown().await;
 }
+
+/// `pods/<name>/log` is relayed from the node's kubelet API: here a plain HTTP server on
+/// loopback that answers `/containerLogs/...` as the node agent does.
+#[tokio::test]
+async fn pod_logs_are_streamed_from_the_nodes_kubelet_api() {
+    let f = start_with(|_| {}).await;
+    let kubelet = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = kubelet.local_addr().unwrap().port();
+    let served = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut s, _) = kubelet.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).await.unwrap();
+        let request = String::from_utf8_lossy(&buf[..n]).to_string();
+        let body = "line one\nline two\n";
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(resp.as_bytes()).await.unwrap();
+        request
+    });
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(f.client.clone());
+    let node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                   "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}},
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), "default");
+    let mut p = pod("logged");
+    p.spec.as_mut().unwrap().node_name = Some("node-1".into());
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let lp = kube::api::LogParams {
+        tail_lines: Some(2),
+        ..Default::default()
+    };
+    let text = pods.logs("logged", &lp).await.unwrap();
+    assert_eq!(text, "line one\nline two\n");
+    let request = served.await.unwrap();
+    assert!(
+        request.starts_with("GET /containerLogs/default/logged/c?tailLines=2 "),
+        "{request}"
+    );
+    f.server.shutdown().await;
+}

@@ -77,6 +77,7 @@ fn subresource_verbs(s: Subresource) -> Vec<String> {
             vec!["get".into(), "patch".into(), "update".into()]
         }
         Subresource::Binding => vec!["create".into()],
+        Subresource::Log => vec!["get".into()],
     }
 }
 
@@ -84,6 +85,7 @@ fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str
     match s {
         Subresource::Scale => ("autoscaling", "v1", "Scale"),
         Subresource::Binding => ("", "v1", "Binding"),
+        Subresource::Log => ("", "v1", "Pod"),
         Subresource::Status => (r.group, r.version, r.kind),
     }
 }

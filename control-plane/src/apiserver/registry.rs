@@ -11,6 +11,8 @@ pub enum Subresource {
     Scale,
     /// `pods/binding`: assigns a pod to a node.
     Binding,
+    /// `pods/log`: a container's log, proxied from the node agent's kubelet API.
+    Log,
 }
 
 impl Subresource {
@@ -19,6 +21,7 @@ impl Subresource {
             Subresource::Status => "status",
             Subresource::Scale => "scale",
             Subresource::Binding => "binding",
+            Subresource::Log => "log",
         }
     }
 }
@@ -156,7 +159,7 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Namespaced,
         short_names: &["po"],
         categories: ALL,
-        subresources: &[Status, Binding],
+        subresources: &[Status, Binding, Log],
         fields: &[
             "spec.nodeName",
             "status.phase",

@@ -3,6 +3,7 @@
 //! Shared here: the server state the handlers use ([`Ctx`]) and the dispatch by method.
 
 mod delete;
+mod proxy;
 mod read;
 mod subresources;
 mod watch;
@@ -183,6 +184,7 @@ pub async fn dispatch(ctx: &Arc<Ctx>, call: Call<'_>) -> Result<Resp, ApiError> 
         (Method::PATCH, Some(n), Some(Subresource::Scale)) => {
             subresources::patch_scale(ctx, &call, &n).await
         }
+        (Method::GET, Some(n), Some(Subresource::Log)) => subresources::logs(ctx, &call, &n).await,
         (Method::POST, Some(n), Some(Subresource::Binding)) => {
             subresources::bind(ctx, &call, Some(&n)).await
         }
