@@ -49,20 +49,44 @@ impl Attempt {
     }
 }
 
-/// One HTTP/1.0 GET over a fresh TCP connection.
+/// One HTTP/1.0 GET over a fresh TCP connection: the body, read by its Content-Length
+/// (the client closes first, as browsers and curl do).
 pub fn http_once(addr: SocketAddr) -> io::Result<(String, SocketAddr)> {
     let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
     let peer = s.peer_addr()?;
     s.set_read_timeout(Some(TIMEOUT))?;
     s.write_all(b"GET / HTTP/1.0\r\nHost: probe\r\n\r\n")?;
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp)?;
-    let text = String::from_utf8_lossy(&resp);
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(body) = complete_body(&data) {
+            return Ok((body, peer));
+        }
+        match s.read(&mut buf)? {
+            0 => break,
+            n => data.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&data);
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no HTTP reply"))?;
     Ok((body, peer))
+}
+
+/// The body once headers and Content-Length bytes have arrived.
+fn complete_body(data: &[u8]) -> Option<String> {
+    let end = data.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&data[..end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    let body = data.get(end + 4..end + 4 + len)?;
+    Some(String::from_utf8_lossy(body).into_owned())
 }
 
 /// One datagram from an unconnected socket, and its reply.

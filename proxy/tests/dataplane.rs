@@ -86,6 +86,13 @@ fn two_backends_share_the_traffic(mode: Mode) {
     let attempts = w.probe("http", vip, 200);
     assert_eq!(attempts.len(), 200);
     assert!(attempts.iter().all(|a| a.ok), "{attempts:?}");
+    // A server counts a connection once the client has closed it.
+    wait_until("every connection counted", WAIT, || {
+        match b1.served() + b2.served() {
+            200 => Ok(()),
+            n => Err(n),
+        }
+    });
     // Uniform choice: each gets 100 +- 40 (more than 5 standard deviations).
     for b in [&b1, &b2] {
         let n = b.served();

@@ -106,9 +106,13 @@ impl NetNs {
 
 impl NetNs {
     /// A real HTTP/1.0 server on `addr` inside the namespace, answering every request with
-    /// `body`, on `threads` accepting threads. Stops on Drop.
+    /// `body` (with Content-Length), on `threads` accepting threads. It lets the client
+    /// close first, as curl and [`http_get`] do (a client reading to end of stream waits
+    /// for the server's 2 s idle timeout). Stops on Drop.
     pub fn http_server(&self, addr: SocketAddr, body: &str, threads: usize) -> Server {
-        let listener = self.run(|| TcpListener::bind(addr)).expect("binding server");
+        let listener = self
+            .run(|| TcpListener::bind(addr))
+            .expect("binding server");
         // A deep accept queue: a client outrunning a briefly descheduled server must not
         // see a dropped SYN (a one-second retransmit). listen() again only resizes it.
         // SAFETY: a listening socket we own.
@@ -184,11 +188,52 @@ fn answer_http(mut conn: TcpStream, body: &str) {
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
     }
-    let _ = write!(
+    if write!(
         conn,
         "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    );
+    )
+    .is_err()
+    {
+        return;
+    }
+    // The client closes first (it reads Content-Length bytes): TIME_WAIT then sits with
+    // the client, where loopback reuses it, not with the server, where thousands of them
+    // would stall new connections that happen to reuse a port.
+    while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+}
+
+/// An HTTP/1.0 GET to `addr`; returns the body, read by its Content-Length, and closes
+/// first.
+pub fn http_get(addr: SocketAddr, timeout: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: skiff\r\n\r\n")?;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&data[..end]).to_ascii_lowercase();
+            let len: Option<usize> = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok());
+            if let Some(len) = len {
+                if data.len() >= end + 4 + len {
+                    return Ok(String::from_utf8_lossy(&data[end + 4..end + 4 + len]).into_owned());
+                }
+            }
+        }
+        match s.read(&mut buf)? {
+            0 => break,
+            n => data.extend_from_slice(&buf[..n]),
+        }
+    }
+    // No Content-Length: the body runs to the end of the stream.
+    let text = String::from_utf8_lossy(&data);
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no HTTP reply"))
 }
 
 /// A server started by [`NetNs::http_server`] or [`NetNs::udp_server`].
@@ -311,15 +356,17 @@ mod tests {
             .run(|| std::net::TcpStream::connect(("10.250.255.1", port)))
             .is_ok());
         let server = ns.http_server("10.250.255.1:8080".parse().unwrap(), "hello", 2);
-        let body = ns.run(|| {
-            let mut s = std::net::TcpStream::connect("10.250.255.1:8080").unwrap();
-            s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-            let mut r = String::new();
-            s.read_to_string(&mut r).unwrap();
-            r
-        });
-        assert!(body.ends_with("\r\n\r\nhello"), "{body}");
-        assert_eq!(server.served(), 1);
+        let body = ns.run(|| http_get(server.addr, Duration::from_secs(5)).unwrap());
+        assert_eq!(body, "hello");
+        // Counted once the client has closed.
+        crate::wait_until(
+            "the request is counted",
+            Duration::from_secs(5),
+            || match server.served() {
+                1 => Ok(()),
+                n => Err(n),
+            },
+        );
         drop(server);
         let name = ns.name().to_string();
         drop(ns);

@@ -37,6 +37,8 @@ pub fn build() -> Result<()> {
     cmd.current_dir(root().join("proxy-ebpf"))
         .args([
             "build",
+            // The lock pins versions these toolchains build (aya-build 0.2.0).
+            "--locked",
             "--release",
             "--target",
             TARGET,

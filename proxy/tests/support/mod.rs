@@ -8,8 +8,8 @@
 
 use serde::Deserialize;
 use skiff_tests::cgroup::Cgroup;
-pub use skiff_tests::netns::Server as Backend;
 use skiff_tests::netns::NetNs;
+pub use skiff_tests::netns::Server as Backend;
 use skiff_tests::subnet::{self, SubnetLease};
 use skiff_tests::wait_until;
 use std::io::{BufRead, BufReader, Read, Write};

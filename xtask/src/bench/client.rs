@@ -2,7 +2,7 @@
 //! namespace and cgroup (so the proxy's hooks or rules apply to it). Prints one JSON line.
 
 use anyhow::{bail, Result};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -10,10 +10,15 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(clap::Subcommand)]
 pub enum ClientCmd {
-    /// `count` sequential connect()+close: rate and connect() latency percentiles.
-    Connect { addr: SocketAddr, count: usize },
-    /// `count` sequential HTTP/1.0 GETs over fresh connections.
-    Http { addr: SocketAddr, count: usize },
+    /// Serves measurement chunks: for each line "go" on stdin runs `chunk` connects (or
+    /// HTTP GETs with `--http`) and prints their latencies as one JSON line.
+    /// Two such clients, driven in turn, see the same machine load.
+    Chunks {
+        addr: SocketAddr,
+        chunk: usize,
+        #[arg(long)]
+        http: bool,
+    },
     /// GET until the body is `expect`; prints the wall-clock time of the first such reply.
     Switch {
         addr: SocketAddr,
@@ -46,55 +51,33 @@ fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
 }
 
 fn get(addr: SocketAddr) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
-    s.set_read_timeout(Some(TIMEOUT))?;
-    s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)?;
-    Ok(resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default())
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    skiff_tests::netns::http_get(addr, TIMEOUT)
 }
 
 pub fn run(cmd: ClientCmd) -> Result<()> {
     match cmd {
-        ClientCmd::Connect { addr, count } | ClientCmd::Http { addr, count } => {
-            let http = matches!(cmd, ClientCmd::Http { .. });
-            let mut lat = Vec::with_capacity(count);
-            let start = Instant::now();
-            for _ in 0..count {
-                let t = Instant::now();
-                if http {
-                    let body = get(addr)?;
-                    if body.is_empty() {
-                        bail!("empty reply from {addr}");
+        ClientCmd::Chunks { addr, chunk, http } => {
+            let mut line = String::new();
+            let stdin = std::io::stdin();
+            while {
+                line.clear();
+                stdin.read_line(&mut line)? > 0
+            } {
+                let mut lat = Vec::with_capacity(chunk);
+                for _ in 0..chunk {
+                    let t = Instant::now();
+                    if http {
+                        if get(addr)?.is_empty() {
+                            bail!("empty reply from {addr}");
+                        }
+                    } else {
+                        drop(connect(addr)?);
                     }
-                } else {
-                    drop(connect(addr)?);
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
                 }
-                lat.push(t.elapsed().as_secs_f64() * 1e6);
+                println!("{}", serde_json::json!({ "lat_us": lat }));
+                std::io::stdout().flush()?;
             }
-            let secs = start.elapsed().as_secs_f64();
-            lat.sort_by(f64::total_cmp);
-            println!(
-                "{}",
-                serde_json::json!({
-                    "count": count,
-                    "rate": count as f64 / secs,
-                    "p50_us": percentile(&lat, 0.5),
-                    "p99_us": percentile(&lat, 0.99),
-                    "max_us": lat.last().copied().unwrap_or(0.0),
-                    "over_100ms": lat.iter().filter(|l| **l > 100_000.0).count(),
-                })
-            );
         }
         ClientCmd::Switch {
             addr,
