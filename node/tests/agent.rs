@@ -188,6 +188,20 @@ async fn pods_run_report_and_survive_an_agent_restart() {
         "no podCIDR yet: NotReady"
     );
     let info = node.status.as_ref().unwrap().node_info.clone().unwrap();
+    let endpoint = node
+        .status
+        .as_ref()
+        .unwrap()
+        .daemon_endpoints
+        .clone()
+        .unwrap()
+        .kubelet_endpoint
+        .unwrap();
+    assert_eq!(
+        endpoint.port,
+        i32::from(c.agent().addr().port()),
+        "the kubelet API port is published"
+    );
     assert!(
         info.container_runtime_version.starts_with("containerd://"),
         "{info:?}"

@@ -134,11 +134,22 @@ impl RunningAgent {
             }
         };
         let version = cri.version().await?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| AgentError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| AgentError::Listen {
+            addr: config.listen,
+            source,
+        })?;
         let ip = config.node_ip.unwrap_or_else(default_ip);
         let mut facts = NodeFacts {
             name: config.name.clone(),
             ip: ip.to_string(),
             runtime_version: format!("{}://{}", version.runtime_name, version.runtime_version),
+            kubelet_port: addr.port(),
             network_unavailable: Some("network not ready: no podCIDR assigned".into()),
         };
         let node = node_status::register(&client, &facts)
@@ -185,16 +196,6 @@ impl RunningAgent {
         let shutdown = CancellationToken::new();
         let (facts_tx, facts_rx) = watch::channel(facts);
 
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| AgentError::Listen {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| AgentError::Listen {
-            addr: config.listen,
-            source,
-        })?;
         let app = crate::server::router(crate::server::ApiState {
             metrics: metrics.clone(),
             pods: index,

@@ -6,7 +6,8 @@
 use crate::names::NodeName;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, NodeSystemInfo,
+    DaemonEndpoint, Namespace, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus,
+    NodeSystemInfo,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -24,6 +25,9 @@ pub struct NodeFacts {
     pub name: NodeName,
     pub ip: String,
     pub runtime_version: String,
+    /// Where the kubelet API listens (status.daemonEndpoints: the API server proxies
+    /// pods/log and pods/exec to InternalIP:port).
+    pub kubelet_port: u16,
     /// Why pods cannot get a network yet (no podCIDR), if so.
     pub network_unavailable: Option<String>,
 }
@@ -149,6 +153,11 @@ pub fn status(facts: &NodeFacts) -> NodeStatus {
                 &now,
             ),
         ]),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(facts.kubelet_port),
+            }),
+        }),
         node_info: Some(NodeSystemInfo {
             architecture: std::env::consts::ARCH.replace("x86_64", "amd64"),
             boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
