@@ -11,6 +11,7 @@
 //! FailedScheduling message accounts for all of them.
 
 use std::borrow::Cow;
+use std::time::{Duration, Instant};
 
 use super::cache::Cache;
 use super::framework::{Diagnosis, FitError, Plugin, Rejection};
@@ -106,11 +107,19 @@ impl Cycle<'_> {
     }
 }
 
+/// Time spent in each phase of the last decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseTimes {
+    pub filter: Duration,
+    pub score: Duration,
+}
+
 /// The scheduling algorithm with its rotating start position.
 #[derive(Debug, Default)]
 pub struct Algorithm {
     percentage: Option<u8>,
     next_start: usize,
+    last: PhaseTimes,
 }
 
 impl Algorithm {
@@ -119,11 +128,19 @@ impl Algorithm {
         Algorithm {
             percentage: percentage_of_nodes_to_score,
             next_start: 0,
+            last: PhaseTimes::default(),
         }
+    }
+
+    /// The phase times of the last call to [`Algorithm::schedule`].
+    pub fn last_phase_times(&self) -> PhaseTimes {
+        self.last
     }
 
     /// Picks a node for `pod`.
     pub fn schedule(&mut self, cache: &mut Cache, pod: &PodInfo) -> Result<Decision, Failure> {
+        let started = Instant::now();
+        self.last = PhaseTimes::default();
         cache.refresh_order();
         let cache: &Cache = cache;
         let order = cache.node_order();
@@ -191,6 +208,8 @@ impl Algorithm {
                 evaluated = processed;
             }
         }
+        let filtered = Instant::now();
+        self.last.filter = filtered - started;
         if feasible.is_empty() {
             return Err(Failure::Unfit(FitError {
                 nodes: all,
@@ -202,6 +221,7 @@ impl Algorithm {
         } else {
             select(&score(pod, &feasible, cache))
         };
+        self.last.score = filtered.elapsed();
         Ok(Decision {
             node: feasible[chosen].name().to_string(),
             evaluated,

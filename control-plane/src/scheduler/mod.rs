@@ -8,14 +8,24 @@
 //! a pod no node fits is parked until a cluster event could help ([`hints`]).
 
 pub mod algorithm;
+pub mod binder;
 pub mod cache;
+pub mod config;
+pub mod cycle;
 pub mod framework;
+mod handlers;
 pub mod hints;
+pub mod metrics;
 pub mod node_info;
 pub mod plugins;
 pub mod pod_info;
 pub mod queue;
 pub mod resources;
+pub mod runner;
+
+pub use config::Config;
+pub use metrics::Metrics;
+pub use runner::{run, SchedulerError, COMPONENT};
 
 #[cfg(test)]
 mod testing;

@@ -1,0 +1,135 @@
+//! Informer events into the cache and the queue. One watch of every pod that has not
+//! finished feeds both sides, as in kube-scheduler: a pod with an empty spec.nodeName is
+//! pending (the queue, if it names this scheduler), a pod with one is bound (the cache). A
+//! binding arrives as one ordered update, so the queue drops the pod in the same step as the
+//! cache confirms it. Node, assigned-pod and namespace changes become cluster events that may
+//! move parked pods back to the queue.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::ResourceExt;
+
+use super::cycle::Scheduler;
+use super::hints::{node_update_matters, ClusterEvent};
+use super::pod_info::{PodInfo, PodUid};
+use crate::runtime::Change;
+
+fn assigned(p: &Pod) -> bool {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty())
+}
+
+fn finished(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+fn uid(p: &Pod) -> PodUid {
+    PodUid(Arc::from(p.metadata.uid.as_deref().unwrap_or_else(|| p.metadata.name.as_deref().unwrap_or(""))))
+}
+
+impl Scheduler {
+    fn event(&self, event: ClusterEvent) {
+        let label = event.label();
+        let moved = self.queue.on_event(event);
+        self.metrics.moved(label, moved);
+    }
+
+    fn ours(&self, info: &PodInfo) -> bool {
+        info.scheduler_name() == self.scheduler_name
+    }
+
+    fn pending(&self, pod: &Arc<Pod>) {
+        let info = Arc::new(PodInfo::new(pod.clone()));
+        if finished(pod) || !self.ours(&info) {
+            self.queue.delete(&info.uid);
+        } else {
+            self.queue.add(info);
+        }
+    }
+
+    fn bound(&self, pod: &Arc<Pod>) {
+        let info = Arc::new(PodInfo::new(pod.clone()));
+        let (previous, was_assumed) = {
+            let mut cache = self.cache();
+            let was_assumed = cache.is_assumed(&info.uid);
+            (cache.upsert_pod(info.clone()), was_assumed)
+        };
+        match previous {
+            // Our own binding confirmed: new to everyone else, as in kube-scheduler.
+            Some(_) if was_assumed => self.event(ClusterEvent::PodAdded(info)),
+            Some(old) if old.labels() == info.labels() && old.requests == info.requests => {}
+            Some(old) => self.event(ClusterEvent::PodUpdated { old, new: info }),
+            None => self.event(ClusterEvent::PodAdded(info)),
+        }
+    }
+
+    fn gone(&self, pod: &Pod) {
+        let uid = uid(pod);
+        self.queue.delete(&uid);
+        let removed = self.cache().remove_pod(&uid);
+        if let Some(info) = removed {
+            self.event(ClusterEvent::PodDeleted(info));
+        }
+    }
+
+    /// A change to a pod that has not finished (the watch's field selector).
+    pub fn on_pod(&self, change: &Change<Pod>) {
+        match change {
+            Change::Added(p) | Change::Updated { new: p, .. } => {
+                if !assigned(p) {
+                    self.pending(p);
+                } else if finished(p) {
+                    self.gone(p);
+                } else {
+                    // Bound: no longer pending (a no-op unless it just got bound).
+                    self.queue.delete(&uid(p));
+                    self.bound(p);
+                }
+            }
+            Change::Deleted(p) => self.gone(p),
+        }
+    }
+
+    pub fn on_node(&self, change: &Change<Node>) {
+        match change {
+            Change::Added(n) => {
+                self.cache().upsert_node(n.clone());
+                self.event(ClusterEvent::NodeAdded(n.clone()));
+            }
+            Change::Updated { old, new } => {
+                self.cache().upsert_node(new.clone());
+                if node_update_matters(old, new) {
+                    self.event(ClusterEvent::NodeUpdated {
+                        old: old.clone(),
+                        new: new.clone(),
+                    });
+                }
+            }
+            Change::Deleted(n) => {
+                self.cache().remove_node(&n.name_any());
+                self.event(ClusterEvent::NodeDeleted(n.clone()));
+            }
+        }
+    }
+
+    pub fn on_namespace(&self, change: &Change<Namespace>) {
+        match change {
+            Change::Added(ns) => {
+                self.cache().set_namespace(&ns.name_any(), ns.labels().clone());
+            }
+            Change::Updated { old, new } => {
+                self.cache().set_namespace(&new.name_any(), new.labels().clone());
+                if old.labels() != new.labels() {
+                    self.event(ClusterEvent::NamespaceChanged);
+                }
+            }
+            Change::Deleted(ns) => self.cache().remove_namespace(&ns.name_any()),
+        }
+    }
+}
