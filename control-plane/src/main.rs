@@ -1,6 +1,8 @@
 //! `control-plane`: the control plane's binary, a thin shell over the library.
 //!
 //! `control-plane apiserver --data-dir DIR --listen ADDR --write-kubeconfig PATH`
+//! `control-plane controller-manager --kubeconfig PATH`
+//! `control-plane server --data-dir DIR --listen ADDR --write-kubeconfig PATH [--disable ...]`
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +11,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use control_plane::apiserver::{Config, Server};
+use control_plane::controllers::flags::ControllerArgs;
+use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
+use control_plane::controllers::ControllerName;
+use control_plane::runtime::flags::LeaderElectionArgs;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "control-plane", about = "skiff's control plane", version)]
@@ -22,6 +29,10 @@ struct Cli {
 enum Command {
     /// Serve the Kubernetes API from a durable embedded store.
     Apiserver(ApiserverArgs),
+    /// Run the controllers against an API server (leader-elected).
+    ControllerManager(ControllerManagerArgs),
+    /// All in one: the API server, the controllers and the scheduler in one process.
+    Server(ServerArgs),
 }
 
 #[derive(Args)]
@@ -49,6 +60,37 @@ struct ApiserverArgs {
     bookmark_interval: u64,
 }
 
+#[derive(Args)]
+struct ControllerManagerArgs {
+    /// The API server and credentials to use.
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// Address of /healthz and /metrics (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:10257")]
+    bind_address: SocketAddr,
+    #[command(flatten)]
+    controllers: ControllerArgs,
+    #[command(flatten)]
+    leader: LeaderElectionArgs,
+}
+
+#[derive(Args)]
+struct ServerArgs {
+    #[command(flatten)]
+    api: ApiserverArgs,
+    /// Components to switch off: `scheduler`, `controllers`, or a controller's name
+    /// (repeatable or comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    disable: Vec<String>,
+    /// Address of the controllers' /healthz and /metrics (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:10257")]
+    controller_manager_bind_address: SocketAddr,
+    #[command(flatten)]
+    controllers: ControllerArgs,
+    #[command(flatten)]
+    leader: LeaderElectionArgs,
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -59,10 +101,13 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     match cli.command {
         Command::Apiserver(a) => rt.block_on(apiserver(a)),
+        Command::ControllerManager(a) => rt.block_on(controller_manager(a)),
+        Command::Server(a) => rt.block_on(server(a)),
     }
 }
 
-async fn apiserver(a: ApiserverArgs) -> Result<()> {
+/// The API server's configuration from its flags.
+fn apiserver_config(a: ApiserverArgs) -> Result<Config> {
     let mut config = Config::new(a.data_dir, a.listen);
     config.kubeconfig = a.write_kubeconfig;
     config.service_cidr = a
@@ -77,6 +122,11 @@ async fn apiserver(a: ApiserverArgs) -> Result<()> {
     config.node_ports = first.parse()?..=last.parse()?;
     config.watch_history = a.watch_history;
     config.bookmark_interval = Duration::from_secs(a.bookmark_interval.max(1));
+    Ok(config)
+}
+
+async fn apiserver(a: ApiserverArgs) -> Result<()> {
+    let config = apiserver_config(a)?;
     let mut server = Server::start(config).await?;
     let stop = server.shutdown_token();
     let mut term = signal(SignalKind::terminate())?;
@@ -88,5 +138,105 @@ async fn apiserver(a: ApiserverArgs) -> Result<()> {
     }
     stop.cancel();
     server.shutdown().await;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() -> Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    Ok(())
+}
+
+async fn controller_manager(a: ControllerManagerArgs) -> Result<()> {
+    let client = control_plane::runtime::client::from_kubeconfig(&a.kubeconfig).await?;
+    let settings = a
+        .controllers
+        .settings(&[])
+        .map_err(anyhow::Error::msg)
+        .context("--controllers")?;
+    let config = ManagerConfig {
+        settings,
+        leader_election: a.leader.config("kube-controller-manager"),
+        ops_listen: Some(a.bind_address),
+    };
+    let token = CancellationToken::new();
+    let manager = ControllerManager::start(client, config, token.clone()).await?;
+    terminated().await?;
+    token.cancel();
+    manager.stopped().await;
+    tracing::info!("controller-manager stopped");
+    Ok(())
+}
+
+/// What `--disable` switched off.
+struct Disabled {
+    scheduler: bool,
+    controllers: bool,
+    some: Vec<ControllerName>,
+}
+
+fn parse_disabled(items: &[String]) -> Result<Disabled> {
+    let mut d = Disabled {
+        scheduler: false,
+        controllers: false,
+        some: Vec::new(),
+    };
+    for item in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        match item {
+            "scheduler" => d.scheduler = true,
+            "controllers" | "controller-manager" => d.controllers = true,
+            name => d.some.push(
+                name.parse()
+                    .map_err(anyhow::Error::msg)
+                    .context("--disable")?,
+            ),
+        }
+    }
+    Ok(d)
+}
+
+async fn server(a: ServerArgs) -> Result<()> {
+    let disabled = parse_disabled(&a.disable)?;
+    let settings = a
+        .controllers
+        .settings(&disabled.some)
+        .map_err(anyhow::Error::msg)
+        .context("--controllers")?;
+    let mut api = Server::start(apiserver_config(a.api)?).await?;
+    let stop_api = api.shutdown_token();
+    let client = control_plane::runtime::client::from_kubeconfig(api.kubeconfig_path()).await?;
+    let token = CancellationToken::new();
+    let manager = if disabled.controllers {
+        tracing::info!("controllers disabled");
+        None
+    } else {
+        let config = ManagerConfig {
+            settings,
+            leader_election: a.leader.config("kube-controller-manager"),
+            ops_listen: Some(a.controller_manager_bind_address),
+        };
+        Some(ControllerManager::start(client.clone(), config, token.clone()).await?)
+    };
+    if disabled.scheduler {
+        tracing::info!("scheduler disabled");
+    } else {
+        tracing::warn!("the scheduler is not part of this build yet: pods stay Pending");
+    }
+    tokio::select! {
+        r = terminated() => r?,
+        _ = api.stopped() => anyhow::bail!("the API server stopped unexpectedly"),
+    }
+    // Controllers first: they release their lease through the API.
+    token.cancel();
+    if let Some(m) = manager {
+        m.stopped().await;
+    }
+    stop_api.cancel();
+    api.shutdown().await;
     Ok(())
 }

@@ -55,28 +55,27 @@ impl<O: Hash + Eq + Clone, C: Hash + Eq + Clone> Expectations<O, C> {
         }
     }
 
-    /// Before creating `n` children of `owner` (replaces any earlier expectation).
-    pub fn expect_creations(&self, owner: &O, n: usize) {
+    /// Before creating `creations` children of `owner` and deleting `deletions` (replaces
+    /// any earlier expectation).
+    pub fn expect(&self, owner: &O, creations: usize, deletions: impl IntoIterator<Item = C>) {
         self.map().insert(
             owner.clone(),
             Expectation {
-                adds: i64::try_from(n).unwrap_or(i64::MAX),
-                deletes: HashSet::new(),
+                adds: i64::try_from(creations).unwrap_or(i64::MAX),
+                deletes: deletions.into_iter().collect(),
                 set_at: Instant::now(),
             },
         );
     }
 
+    /// Before creating `n` children of `owner` (replaces any earlier expectation).
+    pub fn expect_creations(&self, owner: &O, n: usize) {
+        self.expect(owner, n, std::iter::empty());
+    }
+
     /// Before deleting `children` of `owner` (replaces any earlier expectation).
     pub fn expect_deletions(&self, owner: &O, children: impl IntoIterator<Item = C>) {
-        self.map().insert(
-            owner.clone(),
-            Expectation {
-                adds: 0,
-                deletes: children.into_iter().collect(),
-                set_at: Instant::now(),
-            },
-        );
+        self.expect(owner, 0, children);
     }
 
     /// A child of `owner` appeared in the cache (or its creation failed and will not).

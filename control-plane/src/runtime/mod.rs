@@ -5,12 +5,14 @@
 //! change". Around it: [`expectations`] (no extra pods from a slow watch), [`owner`]
 //! references (adoption, release, children by controller), [`events`] (Kubernetes Events),
 //! [`leader`] election through a Lease, [`metrics`] and the [`ops`] endpoint (health and
-//! metrics), and [`client`] (a kube client from a kubeconfig).
+//! metrics), [`client`] (a kube client from a kubeconfig) and [`flags`] (Go durations and
+//! the leader-election flags).
 
 pub mod client;
 pub mod controller;
 pub mod events;
 pub mod expectations;
+pub mod flags;
 pub mod informer;
 pub mod key;
 pub mod leader;

@@ -1,0 +1,77 @@
+//! The controller-manager's flags (kube-controller-manager's names and defaults), shared by
+//! the `controller-manager` and `server` subcommands.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{parse_controllers, ClusterCidr, Settings};
+use crate::runtime::flags::parse_duration;
+
+#[derive(Args, Clone, Debug)]
+pub struct ControllerArgs {
+    /// Controllers to run: `*` for all, `name` to enable, `-name` to disable
+    /// (e.g. `*,-nodeipam`).
+    #[arg(long, default_value = "*")]
+    pub controllers: String,
+    /// How long a node may go without renewing its Lease or status before it is marked
+    /// unreachable.
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    pub node_monitor_grace_period: Duration,
+    /// How often node health is checked.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub node_monitor_period: Duration,
+    /// Give nodes a spec.podCIDR from --cluster-cidr.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allocate_node_cidrs: bool,
+    /// The pod network nodes get their podCIDR blocks from.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    pub cluster_cidr: ClusterCidr,
+    /// Prefix length of each node's podCIDR.
+    #[arg(long, default_value_t = 24)]
+    pub node_cidr_mask_size: u8,
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_deployment_syncs: usize,
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_replicaset_syncs: usize,
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_service_endpoint_syncs: usize,
+    #[arg(long, default_value_t = 20)]
+    pub concurrent_gc_syncs: usize,
+    #[arg(long, default_value_t = 2)]
+    pub concurrent_daemonset_syncs: usize,
+    #[arg(long, default_value_t = 10)]
+    pub concurrent_namespace_syncs: usize,
+    /// The most endpoints in one EndpointSlice.
+    #[arg(long, default_value_t = 100)]
+    pub max_endpoints_per_slice: usize,
+    /// Finished pods kept before the oldest are deleted (0: keep all).
+    #[arg(long, default_value_t = 12500)]
+    pub terminated_pod_gc_threshold: usize,
+}
+
+impl ControllerArgs {
+    /// The settings these flags give, minus the controllers in `disabled`.
+    pub fn settings(&self, disabled: &[super::ControllerName]) -> Result<Settings, String> {
+        let mut enabled = parse_controllers(&self.controllers)?;
+        for d in disabled {
+            enabled.remove(d);
+        }
+        Ok(Settings {
+            enabled,
+            concurrent_deployment_syncs: self.concurrent_deployment_syncs,
+            concurrent_replicaset_syncs: self.concurrent_replicaset_syncs,
+            concurrent_endpoint_syncs: self.concurrent_service_endpoint_syncs,
+            concurrent_gc_syncs: self.concurrent_gc_syncs,
+            concurrent_daemonset_syncs: self.concurrent_daemonset_syncs,
+            concurrent_namespace_syncs: self.concurrent_namespace_syncs,
+            max_endpoints_per_slice: self.max_endpoints_per_slice,
+            node_monitor_period: self.node_monitor_period,
+            node_monitor_grace_period: self.node_monitor_grace_period,
+            cluster_cidr: self.allocate_node_cidrs.then_some(self.cluster_cidr),
+            node_cidr_mask_size: self.node_cidr_mask_size,
+            terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
+            ..Settings::default()
+        })
+    }
+}

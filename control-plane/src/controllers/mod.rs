@@ -1,0 +1,354 @@
+//! The controllers of kube-controller-manager, each a client of the API server only: shared
+//! informers in, reconcile, writes back through the API. One room per controller:
+//! [`deployment`], [`replicaset`], [`endpointslice`] and [`endpoints`], [`garbagecollector`],
+//! [`namespace`], [`nodelifecycle`] (with [`tainteviction`] and [`podgc`]), [`nodeipam`],
+//! [`daemonset`]; [`pods`] holds what they ask of pods; [`manager`] runs the enabled ones
+//! under leader election with health and metrics.
+//!
+//! [`run`] runs one leadership term: it builds the enabled controllers over one set of shared
+//! informers, waits for the caches to sync, and reconciles until cancelled.
+
+pub mod daemonset;
+pub mod deployment;
+pub mod discovery;
+pub mod endpoints;
+pub mod endpointslice;
+pub mod flags;
+pub mod garbagecollector;
+pub mod manager;
+pub mod namespace;
+pub mod nodeipam;
+pub mod nodelifecycle;
+pub mod podgc;
+pub mod pods;
+pub mod replicaset;
+pub mod serviceendpoints;
+pub mod tainteviction;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::owner::{self, BY_CONTROLLER_UID, ORPHANS_BY_NAMESPACE};
+use crate::runtime::{EventSink, Informer, Informers, Metrics};
+
+/// A controller, by the short name kube-controller-manager also accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ControllerName {
+    Deployment,
+    ReplicaSet,
+    EndpointSlice,
+    Endpoints,
+    GarbageCollector,
+    Namespace,
+    NodeLifecycle,
+    TaintEviction,
+    PodGc,
+    NodeIpam,
+    DaemonSet,
+}
+
+impl ControllerName {
+    pub const ALL: [ControllerName; 11] = [
+        ControllerName::Deployment,
+        ControllerName::ReplicaSet,
+        ControllerName::EndpointSlice,
+        ControllerName::Endpoints,
+        ControllerName::GarbageCollector,
+        ControllerName::Namespace,
+        ControllerName::NodeLifecycle,
+        ControllerName::TaintEviction,
+        ControllerName::PodGc,
+        ControllerName::NodeIpam,
+        ControllerName::DaemonSet,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControllerName::Deployment => "deployment",
+            ControllerName::ReplicaSet => "replicaset",
+            ControllerName::EndpointSlice => "endpointslice",
+            ControllerName::Endpoints => "endpoint",
+            ControllerName::GarbageCollector => "garbagecollector",
+            ControllerName::Namespace => "namespace",
+            ControllerName::NodeLifecycle => "nodelifecycle",
+            ControllerName::TaintEviction => "taint-eviction-controller",
+            ControllerName::PodGc => "podgc",
+            ControllerName::NodeIpam => "nodeipam",
+            ControllerName::DaemonSet => "daemonset",
+        }
+    }
+
+    /// kube-controller-manager's long name (`deployment-controller`, ...).
+    pub fn long_name(self) -> &'static str {
+        match self {
+            ControllerName::Deployment => "deployment-controller",
+            ControllerName::ReplicaSet => "replicaset-controller",
+            ControllerName::EndpointSlice => "endpointslice-controller",
+            ControllerName::Endpoints => "endpoints-controller",
+            ControllerName::GarbageCollector => "garbage-collector-controller",
+            ControllerName::Namespace => "namespace-controller",
+            ControllerName::NodeLifecycle => "node-lifecycle-controller",
+            ControllerName::TaintEviction => "taint-eviction-controller",
+            ControllerName::PodGc => "pod-garbage-collector-controller",
+            ControllerName::NodeIpam => "node-ipam-controller",
+            ControllerName::DaemonSet => "daemonset-controller",
+        }
+    }
+}
+
+impl fmt::Display for ControllerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ControllerName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        ControllerName::ALL
+            .into_iter()
+            .find(|c| {
+                c.as_str() == s
+                    || c.long_name() == s
+                    || (s == "endpoints" && *c == ControllerName::Endpoints)
+            })
+            .ok_or_else(|| {
+                let known: Vec<&str> = ControllerName::ALL.iter().map(|c| c.as_str()).collect();
+                format!("unknown controller {s:?} (known: {})", known.join(", "))
+            })
+    }
+}
+
+/// Parses kube-controller-manager's `--controllers` list: `*` for every controller, a name
+/// to enable one, `-name` to disable one (e.g. `*,-nodeipam`).
+pub fn parse_controllers(spec: &str) -> Result<BTreeSet<ControllerName>, String> {
+    let mut enabled = BTreeSet::new();
+    let mut disabled = BTreeSet::new();
+    let mut star = false;
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if item == "*" {
+            star = true;
+        } else if let Some(name) = item.strip_prefix('-') {
+            disabled.insert(name.parse::<ControllerName>()?);
+        } else {
+            enabled.insert(item.parse::<ControllerName>()?);
+        }
+    }
+    if star {
+        enabled.extend(ControllerName::ALL);
+    }
+    Ok(enabled.difference(&disabled).copied().collect())
+}
+
+/// An IPv4 CIDR of the cluster's pod network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterCidr {
+    pub base: u32,
+    pub prefix: u8,
+}
+
+impl FromStr for ClusterCidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (ip, prefix) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not a CIDR (a.b.c.d/n)"))?;
+        let ip: std::net::Ipv4Addr = ip.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        let prefix: u8 = prefix.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        if !(1..=30).contains(&prefix) {
+            return Err(format!("{s:?}: the prefix length must be 1 to 30"));
+        }
+        Ok(ClusterCidr {
+            base: u32::from(ip) & (u32::MAX << (32 - prefix)),
+            prefix,
+        })
+    }
+}
+
+impl fmt::Display for ClusterCidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", std::net::Ipv4Addr::from(self.base), self.prefix)
+    }
+}
+
+/// Every setting of the controllers (kube-controller-manager's flags).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub enabled: BTreeSet<ControllerName>,
+    /// Who writes the Events (source.host, reportingInstance).
+    pub identity: String,
+    pub concurrent_deployment_syncs: usize,
+    pub concurrent_replicaset_syncs: usize,
+    pub concurrent_endpoint_syncs: usize,
+    pub concurrent_gc_syncs: usize,
+    pub concurrent_daemonset_syncs: usize,
+    pub concurrent_namespace_syncs: usize,
+    /// The most endpoints in one EndpointSlice.
+    pub max_endpoints_per_slice: usize,
+    /// How often node health is checked.
+    pub node_monitor_period: Duration,
+    /// How long a node may go without renewing its Lease or status before it is unreachable.
+    pub node_monitor_grace_period: Duration,
+    /// The pod network nodes get their podCIDR from (None: node IPAM allocates nothing).
+    pub cluster_cidr: Option<ClusterCidr>,
+    pub node_cidr_mask_size: u8,
+    /// Finished pods kept before the oldest are deleted (0: no limit).
+    pub terminated_pod_gc_threshold: usize,
+}
+
+impl Default for Settings {
+    /// kube-controller-manager's defaults (cluster CIDR 10.244.0.0/16 with /24 per node).
+    fn default() -> Self {
+        Settings {
+            enabled: ControllerName::ALL.into_iter().collect(),
+            identity: crate::runtime::leader::default_identity(),
+            concurrent_deployment_syncs: 5,
+            concurrent_replicaset_syncs: 5,
+            concurrent_endpoint_syncs: 5,
+            concurrent_gc_syncs: 20,
+            concurrent_daemonset_syncs: 2,
+            concurrent_namespace_syncs: 10,
+            max_endpoints_per_slice: 100,
+            node_monitor_period: Duration::from_secs(5),
+            node_monitor_grace_period: Duration::from_secs(40),
+            cluster_cidr: Some(ClusterCidr {
+                base: u32::from(std::net::Ipv4Addr::new(10, 244, 0, 0)),
+                prefix: 16,
+            }),
+            node_cidr_mask_size: 24,
+            terminated_pod_gc_threshold: 12500,
+        }
+    }
+}
+
+/// What every controller is built from.
+pub struct Context {
+    pub client: Client,
+    pub informers: Arc<Informers>,
+    pub events: EventSink,
+    pub metrics: Metrics,
+    pub settings: Arc<Settings>,
+}
+
+/// The pod indexes the controllers share: by controller uid, orphans by namespace, by node,
+/// by label.
+pub fn index_pods(pods: &Informer<Pod>) {
+    pods.add_index(BY_CONTROLLER_UID, owner::index_by_controller_uid::<Pod>);
+    pods.add_index(
+        ORPHANS_BY_NAMESPACE,
+        owner::index_orphans_by_namespace::<Pod>,
+    );
+    pods.add_index(pods::BY_NODE, pods::index_by_node);
+    pods.add_index(pods::BY_LABEL, pods::index_by_label);
+}
+
+/// Runs the enabled controllers until `token` is cancelled (one leadership term).
+pub async fn run(
+    client: Client,
+    settings: Arc<Settings>,
+    metrics: Metrics,
+    token: CancellationToken,
+) {
+    let informers = Arc::new(Informers::new(client.clone()));
+    let events = EventSink::start(
+        client.clone(),
+        settings.identity.clone(),
+        token.child_token(),
+    );
+    let ctx = Context {
+        client,
+        informers: informers.clone(),
+        events,
+        metrics,
+        settings: settings.clone(),
+    };
+    let on = |c: ControllerName| settings.enabled.contains(&c);
+    let mut tasks: Vec<BoxFuture<'static, ()>> = Vec::new();
+    let t = || token.clone();
+    if on(ControllerName::ReplicaSet) {
+        tasks.push(Box::pin(replicaset::build(&ctx).run(t())));
+    }
+    if on(ControllerName::Deployment) {
+        tasks.push(Box::pin(deployment::build(&ctx).run(t())));
+    }
+    if on(ControllerName::EndpointSlice) {
+        tasks.push(Box::pin(endpointslice::build(&ctx).run(t())));
+    }
+    if on(ControllerName::Endpoints) {
+        tasks.push(Box::pin(endpoints::build(&ctx).run(t())));
+    }
+    if on(ControllerName::NodeLifecycle) {
+        tasks.push(Box::pin(nodelifecycle::build(&ctx).run(t())));
+    }
+    if on(ControllerName::TaintEviction) {
+        tasks.push(Box::pin(tainteviction::build(&ctx).run(t())));
+    }
+    if on(ControllerName::PodGc) {
+        tasks.push(podgc::build(&ctx, t()));
+    }
+    if on(ControllerName::NodeIpam) {
+        if let Some(c) = nodeipam::build(&ctx) {
+            tasks.push(Box::pin(c.run(t())));
+        }
+    }
+    if on(ControllerName::DaemonSet) {
+        tasks.push(Box::pin(daemonset::build(&ctx).run(t())));
+    }
+    if on(ControllerName::Namespace) {
+        tasks.push(Box::pin(namespace::build(&ctx).run(t())));
+    }
+    if on(ControllerName::GarbageCollector) {
+        // Its informers are its own (every resource the server serves, metadata only).
+        tasks.push(garbagecollector::start(&ctx, t()));
+    }
+    informers.start(&token);
+    tokio::select! {
+        _ = informers.wait_synced() => tracing::info!("controller caches synced"),
+        _ = token.cancelled() => {
+            informers.join().await;
+            return;
+        }
+    }
+    futures::future::join_all(tasks).await;
+    informers.join().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controllers_flag_as_kube_controller_manager_reads_it() {
+        assert_eq!(
+            parse_controllers("*").unwrap().len(),
+            ControllerName::ALL.len()
+        );
+        let some = parse_controllers("*,-nodeipam,-garbage-collector-controller").unwrap();
+        assert!(!some.contains(&ControllerName::NodeIpam));
+        assert!(!some.contains(&ControllerName::GarbageCollector));
+        assert!(some.contains(&ControllerName::Deployment));
+        let one = parse_controllers("replicaset-controller").unwrap();
+        assert_eq!(
+            one.into_iter().collect::<Vec<_>>(),
+            vec![ControllerName::ReplicaSet]
+        );
+        assert!(parse_controllers("bogus").is_err());
+    }
+
+    #[test]
+    fn cluster_cidr_parses_and_prints() {
+        let c: ClusterCidr = "10.244.3.7/16".parse().unwrap();
+        assert_eq!(c.to_string(), "10.244.0.0/16");
+        assert!("10.244.0.0".parse::<ClusterCidr>().is_err());
+    }
+}

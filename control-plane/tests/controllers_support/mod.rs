@@ -1,0 +1,523 @@
+//! Fixtures for the controller tests: a real in-process API server, the controllers
+//! in-process (or as processes), and, since these tests run no node agent, nodes played
+//! through the API the way a node agent plays them: Node objects with Ready conditions,
+//! Leases renewed every 500 ms, pods bound to them reported Running and Ready with a pod IP,
+//! and graceful deletions finished. A node can be stopped (it stops renewing and reporting)
+//! and started again.
+//!
+//! Pods are bound by the real scheduler when the build has one; until then a stand-in
+//! binder places pending pods (pinned daemon pods on their node, others round-robin over
+//! ready nodes that match their nodeSelector and have no untolerated NoSchedule taint).
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use control_plane::apiserver::{Config, RunningServer, Server};
+use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
+use control_plane::controllers::{ControllerName, Settings};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition, PodIP,
+    PodStatus, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// A pod annotation that keeps the stand-in node agent from reporting the pod Ready.
+pub const NEVER_READY: &str = "skiff.test/never-ready";
+
+pub struct Cluster {
+    pub server: RunningServer,
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+    pub nodes: Option<Nodes>,
+    controllers: Option<(ControllerManager, CancellationToken)>,
+    binder: Option<CancellationToken>,
+}
+
+/// Settings for fast tests: short node grace period and monitor period.
+pub fn fast_settings() -> Settings {
+    Settings {
+        node_monitor_period: Duration::from_millis(500),
+        node_monitor_grace_period: Duration::from_secs(3),
+        ..Settings::default()
+    }
+}
+
+pub async fn client_for(server: &RunningServer) -> Client {
+    control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
+        .await
+        .expect("a client for the test server")
+}
+
+impl Cluster {
+    /// An API server alone.
+    pub async fn api_only() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+        let server = Server::start(config).await.unwrap();
+        let client = client_for(&server).await;
+        Cluster {
+            server,
+            client,
+            dir,
+            nodes: None,
+            controllers: None,
+            binder: None,
+        }
+    }
+
+    /// An API server, the controllers with `settings`, `nodes` played nodes, and a binder.
+    pub async fn start(settings: Settings, nodes: &[&str]) -> Cluster {
+        let mut c = Cluster::api_only().await;
+        if !nodes.is_empty() {
+            c.nodes = Some(Nodes::start(c.client.clone(), nodes).await);
+            c.start_binder();
+        }
+        c.start_controllers(settings).await;
+        c
+    }
+
+    pub async fn start_controllers(&mut self, settings: Settings) {
+        let token = CancellationToken::new();
+        let config = ManagerConfig {
+            settings,
+            leader_election: None,
+            ops_listen: Some("127.0.0.1:0".parse().unwrap()),
+        };
+        let m = ControllerManager::start(self.client.clone(), config, token.clone())
+            .await
+            .unwrap();
+        self.controllers = Some((m, token));
+    }
+
+    pub async fn stop_controllers(&mut self) {
+        if let Some((m, token)) = self.controllers.take() {
+            token.cancel();
+            m.stopped().await;
+        }
+    }
+
+    pub fn controllers(&self) -> &ControllerManager {
+        &self.controllers.as_ref().expect("controllers running").0
+    }
+
+    pub fn start_binder(&mut self) {
+        let token = CancellationToken::new();
+        tokio::spawn(bind_pending(self.client.clone(), token.clone()));
+        self.binder = Some(token);
+    }
+
+    pub fn nodes(&self) -> &Nodes {
+        self.nodes.as_ref().expect("nodes started")
+    }
+
+    pub fn api<K>(&self, ns: &str) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    pub async fn shutdown(mut self) {
+        self.stop_controllers().await;
+        if let Some(b) = self.binder.take() {
+            b.cancel();
+        }
+        if let Some(n) = self.nodes.take() {
+            n.stop_all();
+        }
+        self.server.shutdown().await;
+    }
+}
+
+/// Played nodes.
+pub struct Nodes {
+    client: Client,
+    names: Vec<String>,
+    stopped: Arc<Mutex<HashSet<String>>>,
+    token: CancellationToken,
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+fn node_object(name: &str, index: usize) -> Node {
+    let mut capacity = BTreeMap::new();
+    capacity.insert("cpu".to_string(), Quantity("4".into()));
+    capacity.insert("memory".to_string(), Quantity("8Gi".into()));
+    capacity.insert("pods".to_string(), Quantity("110".into()));
+    capacity.insert("ephemeral-storage".to_string(), Quantity("100Gi".into()));
+    let now = Time(Timestamp::now());
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [
+                    ("kubernetes.io/hostname".to_string(), name.to_string()),
+                    ("kubernetes.io/os".to_string(), "linux".to_string()),
+                    (
+                        "topology.kubernetes.io/zone".to_string(),
+                        format!("zone-{}", index % 2),
+                    ),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            capacity: Some(capacity.clone()),
+            allocatable: Some(capacity),
+            addresses: Some(vec![NodeAddress {
+                type_: "InternalIP".into(),
+                address: format!("192.0.2.{}", index + 1),
+            }]),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: Some("KubeletReady".into()),
+                message: Some("kubelet is posting ready status".into()),
+                last_heartbeat_time: Some(now.clone()),
+                last_transition_time: Some(now),
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+async fn ensure_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let _ = api.create(&PostParams::default(), &ns).await;
+}
+
+impl Nodes {
+    pub async fn start(client: Client, names: &[&str]) -> Nodes {
+        ensure_namespace(&client, "kube-node-lease").await;
+        let nodes = Nodes {
+            client: client.clone(),
+            names: names.iter().map(|s| s.to_string()).collect(),
+            stopped: Arc::default(),
+            token: CancellationToken::new(),
+        };
+        for name in names {
+            nodes.register(name).await;
+        }
+        tokio::spawn(renew_leases(
+            client.clone(),
+            nodes.names.clone(),
+            nodes.stopped.clone(),
+            nodes.token.clone(),
+        ));
+        tokio::spawn(run_pods(
+            client,
+            nodes.names.clone(),
+            nodes.stopped.clone(),
+            nodes.token.clone(),
+        ));
+        nodes
+    }
+
+    async fn register(&self, name: &str) {
+        let index = self.names.iter().position(|n| n == name).unwrap_or(0);
+        let api: Api<Node> = Api::all(self.client.clone());
+        api.create(&PostParams::default(), &node_object(name, index))
+            .await
+            .unwrap();
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The node agent of `name` stops: no more Lease renewals, status or pod handling.
+    pub fn stop(&self, name: &str) {
+        self.stopped.lock().unwrap().insert(name.to_string());
+    }
+
+    /// It comes back and reports Ready again.
+    pub async fn resume(&self, name: &str) {
+        self.stopped.lock().unwrap().remove(name);
+        let api: Api<Node> = Api::all(self.client.clone());
+        let now = Time(Timestamp::now());
+        let patch = json!({"status": {"conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }]}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    pub fn stop_all(&self) {
+        self.token.cancel();
+    }
+
+    /// Sets a pod's Ready condition, as a node agent would after a readiness probe.
+    pub async fn set_ready(&self, ns: &str, pod: &str, ready: bool) {
+        set_ready(&self.client, ns, pod, ready).await;
+    }
+}
+
+pub async fn set_ready(client: &Client, ns: &str, pod: &str, ready: bool) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut p = api.get(pod).await.unwrap();
+    let now = Time(Timestamp::now());
+    let status = if ready { "True" } else { "False" };
+    if let Some(cs) = p.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        for c in cs
+            .iter_mut()
+            .filter(|c| c.type_ == "Ready" || c.type_ == "ContainersReady")
+        {
+            if c.status != status {
+                c.status = status.into();
+                c.last_transition_time = Some(now.clone());
+            }
+        }
+    }
+    api.replace_status(pod, &PostParams::default(), &p)
+        .await
+        .unwrap();
+}
+
+async fn renew_leases(
+    client: Client,
+    names: Vec<String>,
+    stopped: Arc<Mutex<HashSet<String>>>,
+    token: CancellationToken,
+) {
+    let api: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    loop {
+        for n in &names {
+            if stopped.lock().unwrap().contains(n) {
+                continue;
+            }
+            let spec = LeaseSpec {
+                holder_identity: Some(n.clone()),
+                lease_duration_seconds: Some(40),
+                renew_time: Some(MicroTime(Timestamp::now())),
+                ..Default::default()
+            };
+            match api.get_opt(n).await {
+                Ok(Some(mut lease)) => {
+                    lease.spec = Some(spec);
+                    let _ = api.replace(n, &PostParams::default(), &lease).await;
+                }
+                Ok(None) => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(n.clone()),
+                            ..Default::default()
+                        },
+                        spec: Some(spec),
+                    };
+                    let _ = api.create(&PostParams::default(), &lease).await;
+                }
+                Err(_) => {}
+            }
+        }
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+/// Reports bound pods Running (and Ready unless annotated otherwise) and finishes graceful
+/// deletions, for the nodes that are up.
+async fn run_pods(
+    client: Client,
+    names: Vec<String>,
+    stopped: Arc<Mutex<HashSet<String>>>,
+    token: CancellationToken,
+) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut next_ip: HashMap<String, u32> = HashMap::new();
+    let stream = watcher(pods, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let next = tokio::select! {
+            _ = token.cancelled() => return,
+            n = stream.next() => n,
+        };
+        let Some(Ok(pod)) = next else { continue };
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let Some(index) = names.iter().position(|n| *n == node) else {
+            continue;
+        };
+        if stopped.lock().unwrap().contains(&node) {
+            continue;
+        }
+        let ns = pod.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        if pod.metadata.deletion_timestamp.is_some() {
+            let _ = api
+                .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                .await;
+            continue;
+        }
+        let started = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_ref())
+            .is_some();
+        if started {
+            continue;
+        }
+        let counter = next_ip.entry(node.clone()).or_insert(1);
+        *counter += 1;
+        let ip = format!(
+            "10.{}.{}.{}",
+            200 + index,
+            *counter / 250,
+            *counter % 250 + 1
+        );
+        let ready = !pod.annotations().contains_key(NEVER_READY);
+        let now = Time(Timestamp::now());
+        let cond = |t: &str, ok: bool| PodCondition {
+            type_: t.into(),
+            status: if ok { "True" } else { "False" }.into(),
+            last_transition_time: Some(now.clone()),
+            ..Default::default()
+        };
+        let mut p = pod.clone();
+        p.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some(ip.clone()),
+            pod_ips: Some(vec![PodIP { ip }]),
+            host_ip: Some(format!("192.0.2.{}", index + 1)),
+            start_time: Some(now.clone()),
+            conditions: Some(vec![
+                cond("PodScheduled", true),
+                cond("Initialized", true),
+                cond("ContainersReady", ready),
+                cond("Ready", ready),
+            ]),
+            ..Default::default()
+        });
+        let _ = api
+            .replace_status(&pod.name_any(), &PostParams::default(), &p)
+            .await;
+    }
+}
+
+/// Binds pending pods (the stand-in scheduler; see the module docs).
+async fn bind_pending(client: Client, token: CancellationToken) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut turn = 0usize;
+    let cfg = watcher::Config::default().fields("spec.nodeName=");
+    let stream = watcher(pods, cfg).default_backoff().applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let next = tokio::select! {
+            _ = token.cancelled() => return,
+            n = stream.next() => n,
+        };
+        let Some(Ok(pod)) = next else { continue };
+        if pod.metadata.deletion_timestamp.is_some()
+            || pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+        {
+            continue;
+        }
+        let Ok(list) = nodes.list(&ListParams::default()).await else {
+            continue;
+        };
+        let spec = pod.spec.clone().unwrap_or_default();
+        let fits: Vec<&Node> = list
+            .items
+            .iter()
+            .filter(|n| {
+                let ready = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                let labels = n.labels();
+                let selected = spec
+                    .node_selector
+                    .iter()
+                    .flatten()
+                    .all(|(k, v)| labels.get(k) == Some(v));
+                let pinned =
+                    control_plane::controllers::daemonset::placement::fits_affinity(&spec, n);
+                let taints: Vec<Taint> = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default();
+                let tolerated = taints
+                    .iter()
+                    .filter(|t| t.effect != "PreferNoSchedule")
+                    .all(|t| {
+                        spec.tolerations
+                            .iter()
+                            .flatten()
+                            .any(|tol| control_plane::controllers::tainteviction::tolerates(tol, t))
+                    });
+                ready && selected && pinned && tolerated
+            })
+            .collect();
+        if fits.is_empty() {
+            continue;
+        }
+        let node = fits[turn % fits.len()].name_any();
+        turn += 1;
+        let ns = pod.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let binding = json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": pod.name_any(), "namespace": ns},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        });
+        let _ = api
+            .create_subresource::<_, serde_json::Value>(
+                "binding",
+                &pod.name_any(),
+                &PostParams::default(),
+                &binding,
+            )
+            .await;
+    }
+}
+
+/// Names of the controllers, for settings that leave some out.
+pub fn without(names: &[ControllerName]) -> Settings {
+    let mut s = fast_settings();
+    for n in names {
+        s.enabled.remove(n);
+    }
+    s
+}
