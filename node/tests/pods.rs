@@ -245,6 +245,7 @@ async fn config_maps_and_secrets_reach_files_and_env() {
             "containers": [{
                 "name": "c", "image": ECHO_IMAGE,
                 "securityContext": {"readOnlyRootFilesystem": true},
+                "readinessProbe": {"exec": {"command": ["/echo", "exists", "/etc/creds/db/pw"]}, "periodSeconds": 1},
                 "env": [
                     {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "greeting"}}},
                     {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
@@ -260,7 +261,7 @@ async fn config_maps_and_secrets_reach_files_and_env() {
         }
     }));
     let _h = node.spawn(&p);
-    let s = node.wait_status(&uid(&p), "Running", T, |s| phase(s) == "Running");
+    let s = node.wait_status(&uid(&p), "Ready (exec probe)", T, |s| condition(s, "Ready"));
     let (_, out) = exec(
         &node,
         &s,
@@ -410,9 +411,15 @@ async fn deletion_stops_within_the_grace_period_and_removes_everything() {
         json!({"metadata": {"name": "stubborn"}, "spec": {"terminationGracePeriodSeconds": 2,
         "containers": [{"name": "c", "image": ECHO_IMAGE, "env": [{"name": "IGNORE_SIGTERM", "value": "1"}]}]}}),
     );
+    // The polite one also runs a preStop hook that leaves a mark in a hostPath volume.
+    let host_dir = tempfile::tempdir().unwrap();
+    let mark = host_dir.path().join("hooks");
     let polite = pod(
         json!({"metadata": {"name": "polite"}, "spec": {"terminationGracePeriodSeconds": 30,
-        "containers": [{"name": "c", "image": ECHO_IMAGE}]}}),
+        "volumes": [{"name": "host", "hostPath": {"path": mark, "type": "DirectoryOrCreate"}}],
+        "containers": [{"name": "c", "image": ECHO_IMAGE,
+            "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+            "lifecycle": {"preStop": {"exec": {"command": ["/echo", "write", "/host/prestop", "ran"]}}}}]}}),
     );
     let hs = node.spawn(&stubborn);
     let hp = node.spawn(&polite);
@@ -457,6 +464,11 @@ async fn deletion_stops_within_the_grace_period_and_removes_everything() {
     };
     assert_eq!(exit(&stubborn), 137);
     assert_eq!(exit(&polite), 0);
+    assert_eq!(
+        std::fs::read_to_string(mark.join("prestop")).unwrap(),
+        "ran",
+        "the preStop hook ran first"
+    );
     let left = node
         .rt
         .cri
