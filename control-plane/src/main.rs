@@ -2,6 +2,7 @@
 //!
 //! `control-plane apiserver --data-dir DIR --listen ADDR --write-kubeconfig PATH`
 //! `control-plane controller-manager --kubeconfig PATH`
+//! `control-plane scheduler --kubeconfig PATH`
 //! `control-plane server --data-dir DIR --listen ADDR --write-kubeconfig PATH [--disable ...]`
 
 use std::net::SocketAddr;
@@ -31,6 +32,8 @@ enum Command {
     Apiserver(ApiserverArgs),
     /// Run the controllers against an API server (leader-elected).
     ControllerManager(ControllerManagerArgs),
+    /// Assign pending pods to nodes through an API server (leader-elected).
+    Scheduler(SchedulerArgs),
     /// All in one: the API server, the controllers and the scheduler in one process.
     Server(ServerArgs),
 }
@@ -75,6 +78,25 @@ struct ControllerManagerArgs {
 }
 
 #[derive(Args)]
+struct SchedulerArgs {
+    /// The API server and credentials to use.
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// Address of /healthz, /readyz and /metrics (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:10259")]
+    bind_address: SocketAddr,
+    /// Pods whose spec.schedulerName is this are scheduled.
+    #[arg(long, default_value = "default-scheduler")]
+    scheduler_name: String,
+    /// Share of nodes searched for feasible ones, 1-100 (0: adapt to the cluster's size as
+    /// kube-scheduler does).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    percentage_of_nodes_to_score: u8,
+    #[command(flatten)]
+    leader: LeaderElectionArgs,
+}
+
+#[derive(Args)]
 struct ServerArgs {
     #[command(flatten)]
     api: ApiserverArgs,
@@ -102,6 +124,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Apiserver(a) => rt.block_on(apiserver(a)),
         Command::ControllerManager(a) => rt.block_on(controller_manager(a)),
+        Command::Scheduler(a) => rt.block_on(scheduler(a)),
         Command::Server(a) => rt.block_on(server(a)),
     }
 }
@@ -170,6 +193,30 @@ async fn controller_manager(a: ControllerManagerArgs) -> Result<()> {
     token.cancel();
     manager.stopped().await;
     tracing::info!("controller-manager stopped");
+    Ok(())
+}
+
+async fn scheduler(a: SchedulerArgs) -> Result<()> {
+    let client = control_plane::runtime::client::from_kubeconfig(&a.kubeconfig).await?;
+    let config = control_plane::scheduler::Config {
+        scheduler_name: a.scheduler_name,
+        percentage_of_nodes_to_score: Some(a.percentage_of_nodes_to_score).filter(|p| *p > 0),
+        leader_election: a.leader.config("kube-scheduler"),
+        ops_listen: Some(a.bind_address),
+        ..Default::default()
+    };
+    let token = CancellationToken::new();
+    let mut task = tokio::spawn(control_plane::scheduler::run(client, config, token.clone()));
+    tokio::select! {
+        r = terminated() => r?,
+        r = &mut task => {
+            r??;
+            anyhow::bail!("the scheduler stopped unexpectedly");
+        }
+    }
+    token.cancel();
+    task.await??;
+    tracing::info!("scheduler stopped");
     Ok(())
 }
 
