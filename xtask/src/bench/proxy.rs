@@ -33,10 +33,10 @@ pub struct Opts {
     #[arg(long, value_delimiter = ',', default_value = "1,1000,10000,100000")]
     services: Vec<u32>,
     /// Connections per connect() measurement.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 20_000)]
     connects: usize,
     /// Requests per HTTP measurement.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 5000)]
     requests: usize,
     /// Connections per chunk: the setup's client and a direct client run chunks in turn,
     /// so both see the same machine load.
