@@ -47,7 +47,12 @@ pub async fn watch(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result
             ctx.at_least(Revision(n)).await?;
             WatchStart::Current
         }
-        ReadAt::NotOlderThan(n) => WatchStart::After(Revision(n)),
+        ReadAt::NotOlderThan(n) => {
+            // The cache must have applied everything up to n, or changes the client has
+            // already seen would arrive again as live events.
+            ctx.at_least(Revision(n)).await?;
+            WatchStart::After(Revision(n))
+        }
     };
     let out = negotiate::output(
         call.header(header::ACCEPT),
