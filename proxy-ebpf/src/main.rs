@@ -21,9 +21,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use proxy_common::{
-    Addr, AffinityKey, AffinityValue, Backend, BackendKey, RevNatKey, RevNatValue,
-    ServiceCounters, ServiceKey, ServiceValue, PROTO_TCP, PROTO_UDP, SCOPE_CLUSTER,
-    SVC_FLAG_AFFINITY_CLIENT_IP,
+    Addr, AffinityKey, AffinityValue, Backend, BackendKey, RevNatKey, RevNatValue, ServiceCounters,
+    ServiceKey, ServiceValue, PROTO_TCP, PROTO_UDP, SCOPE_CLUSTER, SVC_FLAG_AFFINITY_CLIENT_IP,
 };
 
 // Sizes here are placeholders: the loader sets every max_entries from its flags.
