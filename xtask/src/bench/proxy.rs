@@ -764,18 +764,27 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
     );
     std::fs::write(out.join("proxy-rate.svg"), &rate_svg)?;
     std::fs::write(out.join("proxy-change.svg"), &change_svg)?;
-    let docs = root().join("docs/bench");
-    std::fs::create_dir_all(&docs)?;
-    std::fs::write(docs.join("proxy-rate.svg"), &rate_svg)?;
-    std::fs::write(docs.join("proxy-change.svg"), &change_svg)?;
-    std::fs::write(docs.join("proxy.md"), &md)?;
-    std::fs::write(
-        docs.join("proxy.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
+    // Only a full run replaces the published figures.
+    let full = opts.services == [1, 1_000, 10_000, 100_000] && opts.iptables_max >= 100_000;
+    if full {
+        let docs = root().join("docs/bench");
+        std::fs::create_dir_all(&docs)?;
+        std::fs::write(docs.join("proxy-rate.svg"), &rate_svg)?;
+        std::fs::write(docs.join("proxy-change.svg"), &change_svg)?;
+        std::fs::write(docs.join("proxy.md"), &md)?;
+        std::fs::write(
+            docs.join("proxy.json"),
+            serde_json::to_string_pretty(&json)?,
+        )?;
+    }
     eprintln!(
-        "bench proxy: wrote {}/proxy.{{json,md}}, proxy-rate.svg, proxy-change.svg (copied to docs/bench/)",
-        out.display()
+        "bench proxy: wrote {}/proxy.{{json,md}}, proxy-rate.svg, proxy-change.svg{}",
+        out.display(),
+        if full {
+            " (copied to docs/bench/)"
+        } else {
+            " (a partial run: docs/bench/ left as it was)"
+        }
     );
     Ok(())
 }
