@@ -405,6 +405,33 @@ mod ebpf_only {
     }
 
     #[test]
+    fn reset_removes_the_pins_and_translation_stops() {
+        let (mut w, vip) = web(Mode::Ebpf, &["127.0.0.2"]);
+        let _b1 = w.http_backend(ip("127.0.0.2"), 8080, "b1");
+        w.stop();
+        // Stopped, the pinned programs still translate.
+        assert_eq!(w.ask(vip), Ok("b1".into()));
+        let out = std::process::Command::new(PROXY)
+            .args(["reset", "--bpffs"])
+            .arg(w.bpffs.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for dir in ["links", "maps"] {
+            assert!(!w.bpffs.path().join(dir).exists(), "{dir} still pinned");
+        }
+        // Detached: the service address is just a local address with nothing behind it.
+        wait_until("translation stops", WAIT, || match w.ask(vip) {
+            Err(Some(ECONNREFUSED)) => Ok(()),
+            other => Err(other),
+        });
+    }
+
+    #[test]
     fn a_hundred_thousand_services_load_and_route() {
         const N: u32 = 100_000;
         let mut w = World::new(Mode::Ebpf).with_args(&["--max-services", "131072"]);
