@@ -78,7 +78,8 @@ pub fn all() -> Result<()> {
     Ok(())
 }
 
-fn target_dir() -> PathBuf {
+/// Where cargo puts build output (`CARGO_TARGET_DIR`, else `target/`).
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"))
