@@ -349,12 +349,44 @@ async fn data_survives_a_restart_and_revisions_continue() {
         .create(&PostParams::default(), &cm("keep", json!({})))
         .await
         .unwrap();
+    let svcs: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client_for(&server).await, "default");
+    let first = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "first"},
+        "spec": {"ports": [{"port": 80}], "selector": {"app": "x"}}}))
+    .unwrap();
+    let first = svcs.create(&PostParams::default(), &first).await.unwrap();
+    let ip = first.spec.unwrap().cluster_ip.unwrap();
     server.shutdown().await;
 
     let server = Server::start(config).await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client_for(&server).await, "default");
     let got = cms.get("keep").await.unwrap();
     assert_eq!(got.metadata.uid, a.metadata.uid);
+    // The ClusterIP allocations were rebuilt from the store: the address is still taken,
+    // and deleting its service frees it.
+    let svcs: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client_for(&server).await, "default");
+    let second = || -> k8s_openapi::api::core::v1::Service {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "second"},
+            "spec": {"clusterIP": ip, "ports": [{"port": 80}]}}))
+        .unwrap()
+    };
+    match svcs
+        .create(&PostParams::default(), &second())
+        .await
+        .unwrap_err()
+    {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (422, "Invalid")),
+        other => panic!("expected 422, got {other:?}"),
+    }
+    svcs.delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    svcs.create(&PostParams::default(), &second())
+        .await
+        .unwrap();
     let b = cms
         .create(&PostParams::default(), &cm("next", json!({})))
         .await
