@@ -21,13 +21,14 @@ use tracing::{debug, warn};
 
 enum Out {
     Status(PodRef, Box<PodStatus>),
-    Event(PodRef, PodEvent),
     Terminated(PodRef),
 }
 
 /// The [`Reporter`] the agent gives its workers: queues to one writer task.
 pub struct ApiReporter {
     tx: mpsc::UnboundedSender<Out>,
+    /// Events go through a queue of their own, in order, so they never delay a status.
+    events: mpsc::UnboundedSender<(PodRef, PodEvent, Time)>,
 }
 
 impl Reporter for ApiReporter {
@@ -37,7 +38,7 @@ impl Reporter for ApiReporter {
             .send(Out::Status(pod.clone(), Box::new(status.clone())));
     }
     fn event(&self, pod: &PodRef, event: PodEvent) {
-        let _ = self.tx.send(Out::Event(pod.clone(), event));
+        let _ = self.events.send((pod.clone(), event, now()));
     }
     fn terminated(&self, pod: &PodRef) {
         let _ = self.tx.send(Out::Terminated(pod.clone()));
@@ -76,13 +77,19 @@ pub fn start(
     starts: Arc<StartTimes>,
 ) -> ApiReporter {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(writer(client, node, metrics, starts, rx));
-    ApiReporter { tx }
+    let (events, mut events_rx) = mpsc::unbounded_channel::<(PodRef, PodEvent, Time)>();
+    let (c, m) = (client.clone(), metrics.clone());
+    tokio::spawn(async move {
+        while let Some((p, e, at)) = events_rx.recv().await {
+            send_event(&c, &node, &p, e, at, &m).await;
+        }
+    });
+    tokio::spawn(writer(client, metrics, starts, rx));
+    ApiReporter { tx, events }
 }
 
 async fn writer(
     client: Client,
-    node: NodeName,
     metrics: Arc<Metrics>,
     starts: Arc<StartTimes>,
     mut rx: mpsc::UnboundedReceiver<Out>,
@@ -94,14 +101,14 @@ async fn writer(
             batch.push(more);
         }
         let mut statuses: Vec<(PodRef, Box<PodStatus>)> = Vec::new();
-        let mut rest = Vec::new();
+        let mut finished = Vec::new();
         for out in batch {
             match out {
                 Out::Status(p, s) => match statuses.iter_mut().find(|(q, _)| q.uid == p.uid) {
                     Some(slot) => slot.1 = s,
                     None => statuses.push((p, s)),
                 },
-                other => rest.push(other),
+                Out::Terminated(p) => finished.push(p),
             }
         }
         let writes = statuses.into_iter().map(|(p, s)| {
@@ -116,12 +123,9 @@ async fn writer(
             }
         });
         futures::future::join_all(writes).await;
-        for out in rest {
-            match out {
-                Out::Event(p, e) => send_event(&client, &node, &p, e, &metrics).await,
-                Out::Terminated(p) => finish_deletion(&client, &p, &metrics).await,
-                Out::Status(..) => {}
-            }
+        // After the statuses: a pod's last status is written before its object goes.
+        for p in finished {
+            finish_deletion(&client, &p, &metrics).await;
         }
     }
 }
@@ -146,9 +150,15 @@ async fn write_status(client: &Client, p: &PodRef, status: PodStatus, metrics: &
     };
 }
 
-async fn send_event(client: &Client, node: &NodeName, p: &PodRef, e: PodEvent, metrics: &Metrics) {
+async fn send_event(
+    client: &Client,
+    node: &NodeName,
+    p: &PodRef,
+    e: PodEvent,
+    t: Time,
+    metrics: &Metrics,
+) {
     let api: Api<Event> = Api::namespaced(client.clone(), &p.namespace);
-    let t: Time = now();
     let suffix: u64 = rand::random();
     let event = Event {
         metadata: ObjectMeta {
