@@ -161,6 +161,11 @@ async fn route(
         "/readyz" => {
             return Ok(if ctx.shutdown.is_cancelled() {
                 output::text(StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+            } else if !ctx.cache.is_following() {
+                output::text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the watch cache stopped following the store",
+                )
             } else {
                 output::text(StatusCode::OK, "ok")
             })

@@ -118,6 +118,8 @@ pub enum CacheError {
 pub struct Cache {
     resources: Vec<Arc<ResourceCache>>,
     applied: watch::Sender<Revision>,
+    /// False once the cache can no longer follow the store (the server is then not ready).
+    following: std::sync::atomic::AtomicBool,
 }
 
 impl Cache {
@@ -143,7 +145,11 @@ impl Cache {
             .map(|spec| Arc::new(ResourceCache::new(spec, &options, window_start)))
             .collect();
         let (applied, _) = watch::channel(range.revision);
-        let cache = Arc::new(Cache { resources, applied });
+        let cache = Arc::new(Cache {
+            resources,
+            applied,
+            following: std::sync::atomic::AtomicBool::new(true),
+        });
         for kv in range.kvs {
             if let Some(r) = cache.resource_of_key(&kv.key) {
                 match decode(&r.spec, &kv) {
@@ -160,8 +166,13 @@ impl Cache {
                 .await?;
         }
         let events = store.watch(range.revision.next())?;
-        tokio::spawn(cache.clone().follow(events));
+        tokio::spawn(cache.clone().follow(store, events));
         Ok(cache)
+    }
+
+    /// Whether the cache still follows the store (false: reads would be stale).
+    pub fn is_following(&self) -> bool {
+        self.following.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Puts the stored history up to `until` into the rings (not into the objects, which are
@@ -204,17 +215,31 @@ impl Cache {
         Ok(())
     }
 
-    async fn follow(self: Arc<Self>, mut events: super::EventStream) {
-        while let Some(item) = events.next().await {
-            match item {
-                Ok(e) => self.apply(e),
-                Err(e) => {
-                    // Only compaction past the cache's own position can cause this.
-                    tracing::error!(error = %e, "store watch failed; the watch cache stops");
-                    return;
+    /// Applies the store's changes as they come; after a transient read error it watches
+    /// again from the next revision. It stops (and the server reports not ready) when the
+    /// store is closed or has compacted past the cache's position.
+    async fn follow(self: Arc<Self>, store: Arc<dyn Store>, mut events: super::EventStream) {
+        loop {
+            match events.next().await {
+                Some(Ok(e)) => self.apply(e),
+                Some(Err(StoreError::Backend(e))) => {
+                    tracing::warn!(error = %e, "store watch failed; watching again");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    match store.watch(self.revision().next()) {
+                        Ok(s) => events = s,
+                        Err(e) => return self.stop(&e.to_string()),
+                    }
                 }
+                Some(Err(e)) => return self.stop(&e.to_string()),
+                None => return self.stop("the store closed"),
             }
         }
+    }
+
+    fn stop(&self, why: &str) {
+        self.following
+            .store(false, std::sync::atomic::Ordering::Release);
+        tracing::error!(why, "the watch cache no longer follows the store");
     }
 
     fn apply(&self, e: Event) {
@@ -577,5 +602,93 @@ impl CacheWatch {
                 Err(broadcast::error::RecvError::Closed) => return Err(WatchEnd::Closed),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redb::{RedbOptions, RedbStore};
+    use crate::store::{Precondition, WriteOp};
+
+    fn label_of(v: &Value, f: &str) -> Option<String> {
+        match f {
+            "spec.nodeName" => v.pointer("/spec/nodeName")?.as_str().map(str::to_string),
+            _ => None,
+        }
+    }
+
+    async fn put(s: &RedbStore, key: &str, v: Value) -> Revision {
+        s.write(WriteOp::Put {
+            key: key.into(),
+            value: serde_json::to_vec(&v).unwrap().into(),
+            precondition: Precondition::Any,
+        })
+        .await
+        .unwrap()
+        .revision
+    }
+
+    fn pod(name: &str, node: &str) -> Value {
+        serde_json::json!({"metadata": {"name": name, "namespace": "ns"}, "spec": {"nodeName": node}})
+    }
+
+    #[tokio::test]
+    async fn indexed_watch_sees_objects_enter_and_leave_and_the_cache_stops_with_the_store() {
+        let d = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(d.path(), RedbOptions::default()).unwrap();
+        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        let spec = CacheSpec {
+            prefix: "/core/pods/".into(),
+            fields: vec!["spec.nodeName"],
+            indexed: vec!["spec.nodeName"],
+            field_fn: Arc::new(label_of),
+        };
+        let cache = Cache::start(shared.clone(), vec![spec], CacheOptions::default())
+            .await
+            .unwrap();
+        let pods = cache.resource("/core/pods/").unwrap();
+        let on_n1: Filter = Arc::new(|o: &CachedObject| o.fields[0].as_deref() == Some("n1"));
+        let mut w = pods
+            .watch(
+                "/core/pods/",
+                WatchStart::Current,
+                on_n1.clone(),
+                Some(("spec.nodeName", "n1")),
+            )
+            .unwrap();
+        put(&store, "/core/pods/ns/a", pod("a", "")).await;
+        let r = put(&store, "/core/pods/ns/a", pod("a", "n1")).await;
+        put(&store, "/core/pods/ns/b", pod("b", "n2")).await;
+        let r2 = put(&store, "/core/pods/ns/a", pod("a", "n2")).await;
+        match w.next().await.unwrap() {
+            WatchEvent::Added(o) => assert_eq!((o.name.as_str(), o.revision), ("a", r)),
+            other => panic!("{other:?}"),
+        }
+        match w.next().await.unwrap() {
+            WatchEvent::Deleted(o) => assert_eq!((o.name.as_str(), o.revision), ("a", r2)),
+            other => panic!("{other:?}"),
+        }
+        cache.wait_for(r2, Duration::from_secs(5)).await.unwrap();
+        let page = pods.list("/core/pods/ns/", &on_n1, None, None, cache.revision());
+        assert!(page.items.is_empty());
+        let all: Filter = Arc::new(|_| true);
+        let page = pods.list("/core/pods/", &all, None, Some(1), cache.revision());
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(page.continue_after.as_deref(), Some("/core/pods/ns/a"));
+        assert!(cache.is_following());
+        store.close();
+        skiff_tests::wait_until_async(
+            "the cache notices the store closed",
+            Duration::from_secs(5),
+            || async {
+                if cache.is_following() {
+                    Err("still following")
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await;
     }
 }
