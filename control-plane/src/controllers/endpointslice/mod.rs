@@ -10,8 +10,11 @@
 //! the slice cache may lag our own writes, a tracker remembers the generation of every slice
 //! we wrote and the slices we deleted; a Service whose cached slices are older than that is
 //! retried instead of planned from a stale view (which would create duplicates).
+//! Every slice written carries the `endpoints.kubernetes.io/last-change-trigger-time`
+//! annotation of its sync ([`trigger`]), from which proxies measure programming latency.
 
 pub mod plan;
+pub mod trigger;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -109,6 +112,7 @@ pub struct EndpointSliceController {
     slices: Informer<EndpointSlice>,
     nodes: Informer<Node>,
     tracker: Arc<Tracker>,
+    triggers: trigger::TriggerTimes,
     recorder: Recorder,
     max_per_slice: usize,
 }
@@ -179,6 +183,7 @@ pub fn build(ctx: &Context) -> Controller<EndpointSliceController> {
         slices,
         nodes,
         tracker,
+        triggers: trigger::TriggerTimes::default(),
         recorder: ctx.events.recorder("endpoint-slice-controller"),
         max_per_slice: ctx.settings.max_endpoints_per_slice,
     };
@@ -198,6 +203,7 @@ impl Reconciler for EndpointSliceController {
         let Some(svc) = self.services.get(key) else {
             // Its slices go with it (owner references).
             self.tracker.forget(key);
+            self.triggers.forget(key);
             return Ok(Action::AwaitChange);
         };
         let spec = svc.spec.clone().unwrap_or_default();
@@ -215,13 +221,17 @@ impl Reconciler for EndpointSliceController {
                 "the EndpointSlice cache is behind our own writes".into(),
             ));
         }
-        let desired = self.desired(&svc);
+        let pods = members::pods_for_service(&self.pods, &svc);
+        let trigger = self
+            .triggers
+            .compute(key, &svc, pods.iter().map(|p| p.as_ref()));
+        let desired = self.desired(&svc, pods);
         let template = self.template(&svc);
         let plan = plan::plan(&existing, desired, &template, self.max_per_slice);
         if plan.is_empty() {
             return Ok(Action::AwaitChange);
         }
-        if let Err(e) = self.apply(key, plan).await {
+        if let Err(e) = self.apply(key, plan, trigger).await {
             self.recorder.event(
                 svc.as_ref(),
                 EventType::Warning,
@@ -235,14 +245,14 @@ impl Reconciler for EndpointSliceController {
 }
 
 impl EndpointSliceController {
-    fn desired(&self, svc: &Service) -> BTreeMap<String, Desired> {
+    fn desired(&self, svc: &Service, pods: Vec<Arc<Pod>>) -> BTreeMap<String, Desired> {
         let ports = svc
             .spec
             .as_ref()
             .and_then(|s| s.ports.clone())
             .unwrap_or_default();
         let mut out: BTreeMap<String, Desired> = BTreeMap::new();
-        for pod in members::pods_for_service(&self.pods, svc) {
+        for pod in pods {
             if !members::should_include(&pod, true) {
                 continue;
             }
@@ -320,7 +330,23 @@ impl EndpointSliceController {
         }
     }
 
-    async fn apply(&self, key: &ObjectKey, p: plan::Plan) -> Result<(), ReconcileError> {
+    async fn apply(
+        &self,
+        key: &ObjectKey,
+        mut p: plan::Plan,
+        trigger: Option<k8s_openapi::jiff::Timestamp>,
+    ) -> Result<(), ReconcileError> {
+        for s in p.update.iter_mut().chain(p.create.iter_mut()) {
+            let annotations = s.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            match trigger {
+                Some(t) => {
+                    annotations.insert(trigger::ANNOTATION.into(), trigger::format(t));
+                }
+                None => {
+                    annotations.remove(trigger::ANNOTATION);
+                }
+            }
+        }
         let api: Api<EndpointSlice> =
             Api::namespaced(self.client.clone(), key.namespace_or_empty());
         for s in &p.delete {
