@@ -306,7 +306,7 @@ pub async fn update_object(
             ctx.admission.rollback(alloc);
             return Ok(if opts.dry_run { new } else { cur });
         }
-        let finished = meta::deletion_timestamp(&new).is_some() && !blocks_deletion(&new);
+        let finished = finishes_deletion(&cur, &new);
         let op = if finished {
             WriteOp::Delete {
                 key: call.key(name),
@@ -354,6 +354,18 @@ pub fn blocks_deletion(obj: &Value) -> bool {
             .pointer("/spec/finalizers")
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty())
+}
+
+/// Whether an update finishes a deletion (Kubernetes' ShouldDeleteDuringUpdate): the object
+/// is being deleted, nothing holds it any more, and no grace period runs. A pod under
+/// graceful deletion goes only with the node agent's final DELETE (grace 0), never with a
+/// status write; status writes cannot remove finalizers, so they finish nothing.
+fn finishes_deletion(cur: &Value, new: &Value) -> bool {
+    let grace = cur
+        .pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    meta::deletion_timestamp(cur).is_some() && grace == 0 && !blocks_deletion(new)
 }
 
 /// Carries over what a client cannot change and separates the main resource from status.
@@ -456,6 +468,26 @@ mod tests {
         assert_eq!(new["status"]["phase"], "Running");
         assert_eq!(new["spec"]["nodeName"], "n");
         assert_eq!(new["metadata"]["labels"]["a"], "b");
+    }
+
+    #[test]
+    fn deletion_finishes_when_nothing_holds_the_object_and_no_grace_runs() {
+        let graceful =
+            json!({"metadata":{"deletionTimestamp":"t","deletionGracePeriodSeconds":30}});
+        assert!(
+            !finishes_deletion(&graceful, &graceful),
+            "a pod in its grace period"
+        );
+        let held = json!({"metadata":{"deletionTimestamp":"t","deletionGracePeriodSeconds":0,"finalizers":["f"]}});
+        let released = json!({"metadata":{"deletionTimestamp":"t","deletionGracePeriodSeconds":0}});
+        assert!(!finishes_deletion(&held, &held));
+        assert!(finishes_deletion(&held, &released));
+        let live = json!({"metadata":{}});
+        assert!(!finishes_deletion(&live, &live));
+        let ns = json!({"metadata":{"deletionTimestamp":"t","deletionGracePeriodSeconds":0},"spec":{"finalizers":["kubernetes"]}});
+        let finalized = json!({"metadata":{"deletionTimestamp":"t"},"spec":{"finalizers":[]}});
+        assert!(!finishes_deletion(&ns, &ns));
+        assert!(finishes_deletion(&ns, &finalized));
     }
 
     #[test]
