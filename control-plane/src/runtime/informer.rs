@@ -8,7 +8,7 @@
 //! by node, by namespace) are O(matches), never a scan of the whole cache.
 
 use std::any::{Any, TypeId};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -88,8 +88,9 @@ struct Index<K> {
 struct State<K> {
     objects: HashMap<ObjectKey, Arc<K>>,
     indexes: HashMap<&'static str, Index<K>>,
-    /// Objects of a relist in progress (between `Init` and `InitDone`).
-    relist: Option<HashMap<ObjectKey, Arc<K>>>,
+    /// Objects of a relist in progress (between `Init` and `InitDone`), ordered by key so
+    /// that handlers see the initial adds in a deterministic order.
+    relist: Option<BTreeMap<ObjectKey, Arc<K>>>,
 }
 
 impl<K: Cached> State<K> {
@@ -292,13 +293,13 @@ impl<K: Cached> Informer<K> {
             let mut st = write(&self.shared.state);
             match event {
                 watcher::Event::Init => {
-                    st.relist = Some(HashMap::new());
+                    st.relist = Some(BTreeMap::new());
                     Vec::new()
                 }
                 watcher::Event::InitApply(obj) => {
                     let obj = Arc::new(strip(obj));
                     let key = ObjectKey::of(obj.as_ref());
-                    st.relist.get_or_insert_with(HashMap::new).insert(key, obj);
+                    st.relist.get_or_insert_with(BTreeMap::new).insert(key, obj);
                     Vec::new()
                 }
                 watcher::Event::InitDone => {
