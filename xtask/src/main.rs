@@ -61,7 +61,7 @@ fn main() -> Result<()> {
             setup::all()?;
             images::all()?;
             ebpf::build()?;
-            setup::cargo(&["test", "--workspace"], &args)
+            setup::cargo(&["test", "--workspace", "--no-fail-fast"], &args)
         }
     }
 }
