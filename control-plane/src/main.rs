@@ -107,6 +107,9 @@ struct ServerArgs {
     /// Address of the controllers' /healthz and /metrics (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:10257")]
     controller_manager_bind_address: SocketAddr,
+    /// Address of the scheduler's /healthz and /metrics (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:10259")]
+    scheduler_bind_address: SocketAddr,
     #[command(flatten)]
     controllers: ControllerArgs,
     #[command(flatten)]
@@ -269,19 +272,35 @@ async fn server(a: ServerArgs) -> Result<()> {
         };
         Some(ControllerManager::start(client.clone(), config, token.clone()).await?)
     };
-    if disabled.scheduler {
+    let scheduler = if disabled.scheduler {
         tracing::info!("scheduler disabled");
+        None
     } else {
-        tracing::warn!("the scheduler is not part of this build yet: pods stay Pending");
-    }
+        let config = control_plane::scheduler::Config {
+            leader_election: a.leader.config("kube-scheduler"),
+            ops_listen: Some(a.scheduler_bind_address),
+            ..Default::default()
+        };
+        let token = token.clone();
+        Some(tokio::spawn(control_plane::scheduler::run(
+            client, config, token,
+        )))
+    };
     tokio::select! {
         r = terminated() => r?,
         _ = api.stopped() => anyhow::bail!("the API server stopped unexpectedly"),
     }
-    // Controllers first: they release their lease through the API.
+    // Controllers and scheduler first: they release their leases through the API.
     token.cancel();
     if let Some(m) = manager {
         m.stopped().await;
+    }
+    if let Some(s) = scheduler {
+        match s.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the scheduler stopped with an error"),
+            Err(e) => tracing::warn!(error = %e, "the scheduler task failed"),
+            Ok(Ok(())) => {}
+        }
     }
     stop_api.cancel();
     api.shutdown().await;

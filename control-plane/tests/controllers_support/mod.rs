@@ -5,9 +5,7 @@
 //! and graceful deletions finished. A node can be stopped (it stops renewing and reporting)
 //! and started again.
 //!
-//! Pods are bound by the real scheduler when the build has one; until then a stand-in
-//! binder places pending pods (pinned daemon pods on their node, others round-robin over
-//! ready nodes that match their nodeSelector and have no untolerated NoSchedule taint).
+//! Pods are bound by the real scheduler (`control_plane::scheduler::run`), in-process too.
 
 #![allow(dead_code)]
 
@@ -22,12 +20,12 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
     Namespace, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition, PodIP,
-    PodStatus, Taint,
+    PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -37,12 +35,12 @@ use tokio_util::sync::CancellationToken;
 pub const NEVER_READY: &str = "skiff.test/never-ready";
 
 pub struct Cluster {
-    pub server: RunningServer,
+    server: Option<RunningServer>,
     pub client: Client,
     pub dir: tempfile::TempDir,
     pub nodes: Option<Nodes>,
     controllers: Option<(ControllerManager, CancellationToken)>,
-    binder: Option<CancellationToken>,
+    scheduler: Option<(tokio::task::JoinHandle<()>, CancellationToken)>,
 }
 
 /// Settings for fast tests: short node grace period and monitor period.
@@ -61,29 +59,36 @@ pub async fn client_for(server: &RunningServer) -> Client {
 }
 
 impl Cluster {
-    /// An API server alone.
+    /// An API server alone. Logs go to the test output when RUST_LOG is set.
     pub async fn api_only() -> Cluster {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
         let dir = tempfile::tempdir().unwrap();
         let config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
         let server = Server::start(config).await.unwrap();
         let client = client_for(&server).await;
         Cluster {
-            server,
+            server: Some(server),
             client,
             dir,
             nodes: None,
             controllers: None,
-            binder: None,
+            scheduler: None,
         }
     }
 
-    /// An API server, the controllers with `settings`, `nodes` played nodes, and a binder.
+    /// An API server, the controllers with `settings`, `nodes` played nodes, and the
+    /// scheduler.
     pub async fn start(settings: Settings, nodes: &[&str]) -> Cluster {
         let mut c = Cluster::api_only().await;
         if !nodes.is_empty() {
             c.nodes = Some(Nodes::start(c.client.clone(), nodes).await);
-            c.start_binder();
         }
+        c.start_scheduler();
         c.start_controllers(settings).await;
         c
     }
@@ -112,10 +117,26 @@ impl Cluster {
         &self.controllers.as_ref().expect("controllers running").0
     }
 
-    pub fn start_binder(&mut self) {
+    pub fn start_scheduler(&mut self) {
         let token = CancellationToken::new();
-        tokio::spawn(bind_pending(self.client.clone(), token.clone()));
-        self.binder = Some(token);
+        let (client, t) = (self.client.clone(), token.clone());
+        let task = tokio::spawn(async move {
+            control_plane::scheduler::run(client, control_plane::scheduler::Config::default(), t)
+                .await
+                .expect("the scheduler runs");
+        });
+        self.scheduler = Some((task, token));
+    }
+
+    pub async fn stop_scheduler(&mut self) {
+        if let Some((task, token)) = self.scheduler.take() {
+            token.cancel();
+            let _ = task.await;
+        }
+    }
+
+    pub fn server(&self) -> &RunningServer {
+        self.server.as_ref().expect("the server runs")
     }
 
     pub fn nodes(&self) -> &Nodes {
@@ -134,13 +155,26 @@ impl Cluster {
 
     pub async fn shutdown(mut self) {
         self.stop_controllers().await;
-        if let Some(b) = self.binder.take() {
-            b.cancel();
-        }
+        self.stop_scheduler().await;
         if let Some(n) = self.nodes.take() {
             n.stop_all();
         }
-        self.server.shutdown().await;
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    /// A test that panics never reaches `shutdown`: stop what runs on threads of its own
+    /// (the scheduler's loop), or the runtime would wait for it forever.
+    fn drop(&mut self) {
+        if let Some((_, token)) = &self.controllers {
+            token.cancel();
+        }
+        if let Some((_, token)) = &self.scheduler {
+            token.cancel();
+        }
     }
 }
 
@@ -258,9 +292,26 @@ impl Nodes {
         self.stopped.lock().unwrap().insert(name.to_string());
     }
 
-    /// It comes back and reports Ready again.
+    /// It comes back, reports Ready again and, like a restarted node agent, finishes the
+    /// deletions of its pods that happened while it was away.
     pub async fn resume(&self, name: &str) {
         self.stopped.lock().unwrap().remove(name);
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let mine = pods
+            .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={name}")))
+            .await
+            .unwrap();
+        for p in mine
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+        {
+            let api: Api<Pod> =
+                Api::namespaced(self.client.clone(), &p.namespace().unwrap_or_default());
+            let _ = api
+                .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
+                .await;
+        }
         let api: Api<Node> = Api::all(self.client.clone());
         let now = Time(Timestamp::now());
         let patch = json!({"status": {"conditions": [{
@@ -429,90 +480,6 @@ async fn run_pods(
     }
 }
 
-/// Binds pending pods (the stand-in scheduler; see the module docs).
-async fn bind_pending(client: Client, token: CancellationToken) {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let nodes: Api<Node> = Api::all(client.clone());
-    let mut turn = 0usize;
-    let cfg = watcher::Config::default().fields("spec.nodeName=");
-    let stream = watcher(pods, cfg).default_backoff().applied_objects();
-    let mut stream = std::pin::pin!(stream);
-    loop {
-        let next = tokio::select! {
-            _ = token.cancelled() => return,
-            n = stream.next() => n,
-        };
-        let Some(Ok(pod)) = next else { continue };
-        if pod.metadata.deletion_timestamp.is_some()
-            || pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some()
-        {
-            continue;
-        }
-        let Ok(list) = nodes.list(&ListParams::default()).await else {
-            continue;
-        };
-        let spec = pod.spec.clone().unwrap_or_default();
-        let fits: Vec<&Node> = list
-            .items
-            .iter()
-            .filter(|n| {
-                let ready = n
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                let labels = n.labels();
-                let selected = spec
-                    .node_selector
-                    .iter()
-                    .flatten()
-                    .all(|(k, v)| labels.get(k) == Some(v));
-                let pinned =
-                    control_plane::controllers::daemonset::placement::fits_affinity(&spec, n);
-                let taints: Vec<Taint> = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.clone())
-                    .unwrap_or_default();
-                let tolerated = taints
-                    .iter()
-                    .filter(|t| t.effect != "PreferNoSchedule")
-                    .all(|t| {
-                        spec.tolerations
-                            .iter()
-                            .flatten()
-                            .any(|tol| control_plane::controllers::tainteviction::tolerates(tol, t))
-                    });
-                ready && selected && pinned && tolerated
-            })
-            .collect();
-        if fits.is_empty() {
-            continue;
-        }
-        let node = fits[turn % fits.len()].name_any();
-        turn += 1;
-        let ns = pod.namespace().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let binding = json!({
-            "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": pod.name_any(), "namespace": ns},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        });
-        let _ = api
-            .create_subresource::<_, serde_json::Value>(
-                "binding",
-                &pod.name_any(),
-                &PostParams::default(),
-                &binding,
-            )
-            .await;
-    }
-}
-
 /// Names of the controllers, for settings that leave some out.
 pub fn without(names: &[ControllerName]) -> Settings {
     let mut s = fast_settings();
@@ -520,4 +487,134 @@ pub fn without(names: &[ControllerName]) -> Settings {
         s.enabled.remove(n);
     }
     s
+}
+
+/// A `control-plane` process of a test, killed on Drop; its output (the logs) in a file.
+pub struct Process {
+    child: Option<std::process::Child>,
+    log: std::path::PathBuf,
+}
+
+impl Process {
+    pub fn spawn(args: &[&str], log: &std::path::Path) -> Process {
+        let file = std::fs::File::create(log).expect("creating the process log");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_control-plane"))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            // The logs go to stdout (tracing's default writer); panics to stderr.
+            .stdout(file.try_clone().expect("cloning the log file"))
+            .stderr(file)
+            .spawn()
+            .expect("starting control-plane");
+        Process {
+            child: Some(child),
+            log: log.to_path_buf(),
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The log so far, without terminal colour codes.
+    pub fn log(&self) -> String {
+        let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut out = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for d in chars.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// The value of `field=` on the first log line containing `message`, once logged.
+    pub async fn wait_log_field(&self, message: &str, field: &str) -> String {
+        skiff_tests::wait_until_async(
+            &format!("{message:?} in the log"),
+            Duration::from_secs(60),
+            || async {
+                let log = self.log();
+                log.lines()
+                    .find(|l| l.contains(message))
+                    .and_then(|l| {
+                        l.split_whitespace()
+                            .find_map(|w| w.strip_prefix(&format!("{field}=")).map(str::to_string))
+                    })
+                    .ok_or_else(|| log.lines().rev().take(5).collect::<Vec<_>>().join("\n"))
+            },
+        )
+        .await
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for the exit; true if it exited successfully.
+    pub async fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let status =
+            skiff_tests::wait_until_async("the process to exit", Duration::from_secs(30), || {
+                let r = c
+                    .try_wait()
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| s.ok_or_else(|| "running".to_string()));
+                async move { r }
+            })
+            .await;
+        status.success()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// GET `path` from `addr` over plain HTTP/1.0; the body.
+pub async fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (head, body) = buf.split_once("\r\n\r\n").ok_or("no HTTP response")?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        return Err(head.lines().next().unwrap_or_default().to_string());
+    }
+    Ok(body.to_string())
+}
+
+/// The value of a metric line (`name{labels} value`) in Prometheus text.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.trim().parse().ok())
+    })
 }

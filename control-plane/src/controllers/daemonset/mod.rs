@@ -245,15 +245,17 @@ impl Reconciler for DaemonSetController {
             )
             .unwrap_or(0),
         );
-        let mut result = Ok(());
+        let mut result = Ok(false);
         if self.expectations.satisfied(key) && ds.metadata.deletion_timestamp.is_none() {
             result = self
                 .manage(key, &ds, &template, &hash, &nodes, &by_node)
                 .await;
-            if result.is_ok() && self.expectations.satisfied(key) && is_rolling(&ds) {
+            // Only after a pass that wrote nothing: `by_node` shows the cache before it.
+            if matches!(result, Ok(false)) && is_rolling(&ds) {
                 result = self
                     .rolling_update(key, &ds, &hash, &nodes, &spec, &by_node, min_ready, now)
-                    .await;
+                    .await
+                    .map(|()| true);
             }
         }
         self.update_status(&ds, &spec, &hash, &nodes, &by_node, min_ready, now)
@@ -323,7 +325,8 @@ impl DaemonSetController {
         Ok(claimed)
     }
 
-    /// Creates missing daemon pods and deletes failed, surplus and misplaced ones.
+    /// Creates missing daemon pods and deletes failed, surplus and misplaced ones; true if it
+    /// wrote anything.
     async fn manage(
         &self,
         key: &ObjectKey,
@@ -332,7 +335,7 @@ impl DaemonSetController {
         hash: &str,
         nodes: &[Arc<Node>],
         by_node: &BTreeMap<String, Vec<Arc<Pod>>>,
-    ) -> Result<(), ReconcileError> {
+    ) -> Result<bool, ReconcileError> {
         let spec = template.spec.clone().unwrap_or_default();
         let reference = ds.object_ref(&());
         let mut create_on: Vec<String> = Vec::new();
@@ -370,7 +373,7 @@ impl DaemonSetController {
         }
         create_on.truncate(BURST);
         if create_on.is_empty() && delete.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let doomed: Vec<ObjectKey> = delete.iter().map(|p| ObjectKey::of(p.as_ref())).collect();
         self.expectations
@@ -424,7 +427,7 @@ impl DaemonSetController {
                 first_error.get_or_insert(e);
             }
         }
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(true), Err)
     }
 
     /// Deletes old-revision pods within maxUnavailable (maxSurge 0, Kubernetes' default).
@@ -468,7 +471,14 @@ impl DaemonSetController {
         let mut unavailable = 0;
         let mut replace_now: Vec<Arc<Pod>> = Vec::new();
         let mut candidates: Vec<Arc<Pod>> = Vec::new();
-        for (_, here) in by_node.iter() {
+        // A node that should run a daemon pod and has none is unavailable too.
+        let empty = Vec::new();
+        let mut considered: BTreeMap<String, &Vec<Arc<Pod>>> =
+            by_node.iter().map(|(n, v)| (n.clone(), v)).collect();
+        for n in nodes.iter().filter(|n| placement::should_run(spec, n).0) {
+            considered.entry(n.name_any()).or_insert(&empty);
+        }
+        for (_, here) in considered {
             let live: Vec<&Arc<Pod>> = here.iter().filter(|p| !pods::is_terminating(p)).collect();
             let new: Vec<&&Arc<Pod>> = live.iter().filter(|p| is_updated(p, hash)).collect();
             let old: Vec<&&Arc<Pod>> = live.iter().filter(|p| !is_updated(p, hash)).collect();

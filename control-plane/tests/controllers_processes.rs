@@ -1,0 +1,435 @@
+//! The real binary: two `controller-manager` processes against one API server never both
+//! act (the standby takes over only after the leader's lease expires, or at once when the
+//! leader releases it on SIGTERM); and the all-in-one `server` with the real kubectl:
+//! `kubectl rollout status`, `set image`, `rollout undo` and `--to-revision` end to end, and
+//! with `--disable scheduler` pods stay Pending.
+
+mod controllers_support;
+
+use std::time::Duration;
+
+use controllers_support::{http_get, metric, Cluster, Nodes, Process};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+use skiff_tests::kubectl::Kubectl;
+use skiff_tests::wait_until_async;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// `kubectl rollout status`; on failure the ReplicaSets, pods and the server's last log lines
+/// say why.
+fn rollout_status(k: &Kubectl, server: &Process) -> String {
+    let r = k.run(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    if !r.success {
+        let state = k.run(&["get", "rs,pods", "-o", "wide", "--show-labels"]);
+        let log = server.log();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        panic!(
+            "rollout status failed: {}{}\n{}\n{}",
+            r.stdout,
+            r.stderr,
+            state.stdout,
+            tail.join("\n")
+        );
+    }
+    r.stdout
+}
+
+fn deployment(name: &str, replicas: i32) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}},
+        },
+    }))
+    .unwrap()
+}
+
+async fn holder(api: &Api<Lease>) -> Option<String> {
+    api.get_opt("kube-controller-manager")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+/// Who reported each SuccessfulCreate for the ReplicaSets.
+async fn creators(c: &Cluster) -> Vec<String> {
+    let events: Api<Event> = c.api("default");
+    events
+        .list(
+            &ListParams::default().fields("involvedObject.kind=ReplicaSet,reason=SuccessfulCreate"),
+        )
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reporting_instance)
+        .collect()
+}
+
+#[tokio::test]
+async fn two_controller_managers_never_both_act() {
+    let c = Cluster::api_only().await;
+    let kubeconfig = c.server().kubeconfig_path().to_str().unwrap().to_string();
+    let args = [
+        "controller-manager",
+        "--kubeconfig",
+        &kubeconfig,
+        "--bind-address",
+        "127.0.0.1:0",
+        "--controllers",
+        "deployment,replicaset",
+        "--leader-elect-lease-duration",
+        "3s",
+        "--leader-elect-renew-deadline",
+        "2s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ];
+    let mut a = Process::spawn(&args, &c.dir.path().join("cm-a.log"));
+    let mut b = Process::spawn(&args, &c.dir.path().join("cm-b.log"));
+    let ops_a = a.wait_log_field("ops endpoint serving", "addr").await;
+    let ops_b = b.wait_log_field("ops endpoint serving", "addr").await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-system");
+    let first = wait_until_async("a leader", WAIT, || async {
+        holder(&leases).await.ok_or(())
+    })
+    .await;
+    let (leader, standby, ops_leader, ops_standby) =
+        if a.log().contains(&format!("identity={first}")) {
+            (&mut a, &mut b, ops_a, ops_b)
+        } else {
+            (&mut b, &mut a, ops_b, ops_a)
+        };
+    assert!(leader.log().contains("became leader"));
+
+    let deployments: Api<Deployment> = c.api("default");
+    deployments
+        .create(&PostParams::default(), &deployment("web", 3))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = c.api("default");
+    wait_until_async("3 pods", WAIT, || async {
+        let n = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .len();
+        (n == 3).then_some(()).ok_or(n)
+    })
+    .await;
+    // Events are written in the background: wait for all three.
+    let by = wait_until_async("3 SuccessfulCreate events", WAIT, || async {
+        let by = creators(&c).await;
+        (by.len() == 3).then_some(by.clone()).ok_or(by)
+    })
+    .await;
+    assert!(
+        by.iter().all(|i| *i == first),
+        "only the leader acted: {by:?}"
+    );
+    let m_leader = http_get(&ops_leader, "/metrics").await.unwrap();
+    let m_standby = http_get(&ops_standby, "/metrics").await.unwrap();
+    assert_eq!(
+        metric(
+            &m_leader,
+            "skiff_controller_leader{lease=\"kube-controller-manager\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m_standby,
+            "skiff_controller_leader{lease=\"kube-controller-manager\"}"
+        ),
+        Some(0.0)
+    );
+    assert!(
+        !m_standby.contains("skiff_controller_reconciles_total{controller=\"replicaset\""),
+        "the standby reconciled nothing"
+    );
+    assert_eq!(http_get(&ops_standby, "/healthz").await.unwrap(), "ok");
+
+    // The leader dies without releasing: the standby takes over once the lease expires.
+    leader.kill9();
+    let second = wait_until_async("the standby to take over", WAIT, || async {
+        holder(&leases).await.filter(|h| *h != first).ok_or(())
+    })
+    .await;
+    assert!(standby.log().contains(&format!("identity={second}")));
+    deployments
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .unwrap();
+    wait_until_async("5 pods", WAIT, || async {
+        let n = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .len();
+        (n == 5).then_some(()).ok_or(n)
+    })
+    .await;
+    let by = wait_until_async("5 SuccessfulCreate events", WAIT, || async {
+        let by = creators(&c).await;
+        (by.len() == 5).then_some(by.clone()).ok_or(by)
+    })
+    .await;
+    assert_eq!(
+        by.iter().filter(|i| **i == second).count(),
+        2,
+        "the new leader made the 2 new pods: {by:?}"
+    );
+    let sets: Api<ReplicaSet> = c.api("default");
+    assert_eq!(
+        sets.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+
+    // SIGTERM: a clean exit that releases the lease at once.
+    assert!(standby.terminate().await, "a clean exit on SIGTERM");
+    let l = leases.get("kube-controller-manager").await.unwrap();
+    assert_eq!(
+        l.spec.and_then(|s| s.holder_identity),
+        None,
+        "the lease was released"
+    );
+    c.shutdown().await;
+}
+
+// kubectl runs synchronously: other workers keep the played nodes going meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_all_in_one_server_rolls_out_and_back_with_kubectl() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let data = dir.path().join("data");
+    let mut server = Process::spawn(
+        &[
+            "server",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--write-kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--controller-manager-bind-address",
+            "127.0.0.1:0",
+            "--scheduler-bind-address",
+            "127.0.0.1:0",
+        ],
+        &dir.path().join("server.log"),
+    );
+    server.wait_log_field("ops endpoint serving", "addr").await;
+    let client = wait_until_async("a client", WAIT, || async {
+        control_plane::runtime::client::from_kubeconfig(&kubeconfig)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let nodes = Nodes::start(client.clone(), &["node-1", "node-2"]).await;
+    let k = Kubectl::new(&kubeconfig, dir.path());
+    k.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx:1.27",
+        "--replicas=3",
+    ]);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_until_async("3 running pods", WAIT, || async {
+        let ps = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items;
+        let running = ps
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some())
+            .count();
+        let picture: Vec<String> = ps
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}@{:?}",
+                    p.name_any(),
+                    p.spec.as_ref().and_then(|s| s.node_name.clone())
+                )
+            })
+            .collect();
+        (running == 3).then_some(()).ok_or((
+            picture,
+            server
+                .log()
+                .lines()
+                .rev()
+                .take(8)
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
+        ))
+    })
+    .await;
+    let out = rollout_status(&k, &server);
+    assert!(out.contains("successfully rolled out"), "{out}");
+    k.ok(&["set", "image", "deployment/web", "nginx=nginx:1.28"]);
+    rollout_status(&k, &server);
+    let history = k.ok(&["rollout", "history", "deployment/web"]);
+    assert!(history.contains('1') && history.contains('2'), "{history}");
+
+    let image = |k: &Kubectl| {
+        k.ok(&[
+            "get",
+            "deployment",
+            "web",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])
+    };
+    let out = k.ok(&["rollout", "undo", "deployment/web"]);
+    assert!(out.contains("rolled back"), "{out}");
+    rollout_status(&k, &server);
+    assert_eq!(image(&k), "nginx:1.27");
+    wait_until_async("pods back on 1.27", WAIT, || async {
+        let ps = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items;
+        let ok = ps.len() == 3
+            && ps.iter().all(|p| {
+                p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some("nginx:1.27")
+            });
+        ok.then_some(()).ok_or(ps.len())
+    })
+    .await;
+    let revision = k.ok(&[
+        "get",
+        "deployment",
+        "web",
+        "-o",
+        "jsonpath={.metadata.annotations.deployment\\.kubernetes\\.io/revision}",
+    ]);
+    assert_eq!(revision, "3", "a rollback is a new revision");
+
+    k.ok(&["rollout", "undo", "deployment/web", "--to-revision=2"]);
+    rollout_status(&k, &server);
+    assert_eq!(image(&k), "nginx:1.28");
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
+    let rs = sets
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(rs.len(), 2, "a rollback reuses the old ReplicaSet");
+    let newest = rs
+        .iter()
+        .find(|r| r.annotations()["deployment.kubernetes.io/revision"] == "4")
+        .expect("revision 4");
+    assert_eq!(
+        newest.annotations()["deployment.kubernetes.io/revision-history"],
+        "2"
+    );
+
+    nodes.stop_all();
+    assert!(server.terminate().await, "a clean exit on SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_scheduler_disabled_pods_stay_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let data = dir.path().join("data");
+    let mut server = Process::spawn(
+        &[
+            "server",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--write-kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--controller-manager-bind-address",
+            "127.0.0.1:0",
+            "--disable",
+            "scheduler",
+        ],
+        &dir.path().join("server.log"),
+    );
+    server.wait_log_field("ops endpoint serving", "addr").await;
+    let client = wait_until_async("a client", WAIT, || async {
+        control_plane::runtime::client::from_kubeconfig(&kubeconfig)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let nodes = Nodes::start(client.clone(), &["node-1"]).await;
+    let k = Kubectl::new(&kubeconfig, dir.path());
+    k.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx",
+        "--replicas=2",
+    ]);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_until_async("2 pods created", WAIT, || async {
+        let n = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .len();
+        (n == 2).then_some(()).ok_or(n)
+    })
+    .await;
+    // The controllers are done with them (the ReplicaSet reports them); nobody binds them.
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
+    wait_until_async("the ReplicaSet to report 2", WAIT, || async {
+        let rs = sets
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items;
+        let n = rs
+            .first()
+            .and_then(|r| r.status.as_ref())
+            .map(|s| s.replicas);
+        (n == Some(2)).then_some(()).ok_or(n)
+    })
+    .await;
+    let out = k.ok(&["get", "pods", "-l", "app=web"]);
+    assert_eq!(out.matches("Pending").count(), 2, "{out}");
+    for p in pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+    {
+        assert!(p.spec.unwrap().node_name.is_none());
+    }
+    // No scheduler runs at all: it would hold the kube-scheduler Lease; the controllers
+    // hold theirs.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    assert!(leases
+        .get_opt("kube-controller-manager")
+        .await
+        .unwrap()
+        .is_some());
+    assert!(leases.get_opt("kube-scheduler").await.unwrap().is_none());
+    assert!(server.log().contains("scheduler disabled"));
+    nodes.stop_all();
+    assert!(server.terminate().await);
+}
