@@ -5,18 +5,20 @@
 use crate::dataplane::Dataplane;
 use crate::desired::{Change, DesiredState};
 use crate::iptables::Iptables;
+use crate::latency;
 use crate::loader::{self, MapSizes};
 use crate::metrics::{self, FrontendCounters, Metrics, Shared};
 use crate::model::{ObjectKey, ServiceName, ServiceSpec, SliceName, SliceSpec};
+use crate::source::api::ApiSource;
 use crate::source::manifests::ManifestDir;
-use crate::source::{Kind, Resource, Source, SourceEvent};
+use crate::source::{Kind, Resource, Source, SourceConfig, SourceError, SourceEvent};
 use crate::sync::{Limits, MapSync};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
@@ -30,7 +32,7 @@ pub enum Mode {
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     pub mode: Mode,
-    pub manifests: PathBuf,
+    pub source: SourceConfig,
     pub cgroup: PathBuf,
     pub bpffs: PathBuf,
     pub metrics: SocketAddr,
@@ -52,16 +54,18 @@ pub enum DaemonError {
     Signals(std::io::Error),
     #[error("manifests directory {0} does not exist")]
     NoManifests(String),
+    #[error(transparent)]
+    Source(#[from] SourceError),
 }
 
 /// Max events applied in one batch before the data path is flushed.
 const BATCH: usize = 16_384;
 
 pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
-    if !opts.manifests.is_dir() {
-        return Err(DaemonError::NoManifests(
-            opts.manifests.display().to_string(),
-        ));
+    if let SourceConfig::Manifests(dir) = &opts.source {
+        if !dir.is_dir() {
+            return Err(DaemonError::NoManifests(dir.display().to_string()));
+        }
     }
     match opts.mode {
         Mode::Ebpf => {
@@ -133,12 +137,10 @@ async fn serve<D: Dataplane + Send + 'static>(
     tracing::info!(addr = %bound, "metrics and /healthz listening");
 
     let (tx, mut rx) = mpsc::channel(4096);
-    let source = ManifestDir::new(&opts.manifests);
-    let source_task = tokio::spawn(async move {
-        if let Err(e) = source.run(tx).await {
-            tracing::error!(error = %e, "source stopped");
-        }
-    });
+    let source_task = match &opts.source {
+        SourceConfig::Manifests(dir) => spawn_source(ManifestDir::new(dir), tx),
+        SourceConfig::Api(config) => spawn_source(ApiSource::connect(config).await?, tx),
+    };
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
     let mut desired = DesiredState::default();
@@ -146,6 +148,7 @@ async fn serve<D: Dataplane + Send + 'static>(
     let mut affected: HashSet<ServiceName> = HashSet::new();
     let mut initial_done = false;
     let started = Instant::now();
+    let mut triggers = latency::Pending::new(SystemTime::now());
     loop {
         let first = tokio::select! {
             _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping; pinned state stays in force"); break }
@@ -173,7 +176,15 @@ async fn serve<D: Dataplane + Send + 'static>(
                 synced = true;
                 continue;
             }
-            affected.extend(handle(ev, &mut desired, &shared.metrics, initial_done));
+            let trigger = match &ev {
+                SourceEvent::Apply(Resource::EndpointSlice(s)) => latency::trigger_time(s),
+                _ => None,
+            };
+            let changed = handle(ev, &mut desired, &shared.metrics, initial_done);
+            if let Some(t) = trigger.filter(|_| !changed.is_empty()) {
+                triggers.record(t);
+            }
+            affected.extend(changed);
         }
         // Until the source has listed everything the data path is left alone: a service
         // seen before its slices must not be programmed empty (refusing connections that
@@ -203,6 +214,11 @@ async fn serve<D: Dataplane + Send + 'static>(
             shared.metrics.error(e.kind());
             tracing::error!(error = %e, "writing the data path");
         }
+        if initial_done {
+            for seconds in triggers.drain(SystemTime::now()) {
+                shared.metrics.network_programming.observe(seconds);
+            }
+        }
         let fill = dp.fill();
         drop(dp);
         let took = t0.elapsed();
@@ -228,6 +244,17 @@ async fn serve<D: Dataplane + Send + 'static>(
     }
     source_task.abort();
     Ok(())
+}
+
+fn spawn_source<S: Source>(
+    source: S,
+    tx: mpsc::Sender<SourceEvent>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = source.run(tx).await {
+            tracing::error!(error = %e, "source stopped");
+        }
+    })
 }
 
 /// One source event through validation into the desired state; returns the services it

@@ -5,13 +5,14 @@
 //! come from), `desired` (services joined with their slices into frontends), `dataplane`
 //! (the interface both data paths implement), `sync` (frontends -> ordered BPF map writes),
 //! `loader` (programs, maps, pins, links), `iptables` (the baseline), `daemon` (`proxy
-//! run`), `metrics`, `dump`, `probe`.
+//! run`), `latency` (network programming latency), `metrics`, `dump`, `probe`.
 
 pub mod daemon;
 pub mod dataplane;
 pub mod desired;
 pub mod dump;
 pub mod iptables;
+pub mod latency;
 pub mod loader;
 pub mod metrics;
 pub mod model;

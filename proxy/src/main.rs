@@ -4,6 +4,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use proxy::daemon::{self, Mode, RunOptions};
 use proxy::loader::MapSizes;
+use proxy::source::api::ApiConfig;
+use proxy::source::SourceConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -20,6 +22,14 @@ enum ModeArg {
     Iptables,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SourceArg {
+    /// A manifests directory (--manifests).
+    Manifests,
+    /// An API server (--kubeconfig, or in-cluster configuration).
+    Api,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ProbeProto {
     Http,
@@ -30,13 +40,24 @@ const DEFAULT_BPFFS: &str = "/sys/fs/bpf/skiff";
 
 #[derive(Subcommand)]
 enum Command {
-    /// Program Services and EndpointSlices from a manifests directory, and keep watching it.
+    /// Program Services and EndpointSlices from a manifests directory or an API server, and
+    /// keep watching it.
     Run {
         #[arg(long, value_enum, default_value = "ebpf")]
         mode: ModeArg,
+        /// Where Services and EndpointSlices come from.
+        #[arg(long, value_enum, default_value = "manifests")]
+        source: SourceArg,
         /// Directory of YAML/JSON manifests (v1 Service, discovery.k8s.io/v1 EndpointSlice).
+        #[arg(long, required_if_eq("source", "manifests"))]
+        manifests: Option<PathBuf>,
+        /// kubeconfig for `--source api` (default: in-cluster configuration when
+        /// KUBERNETES_SERVICE_HOST is set, else $KUBECONFIG or ~/.kube/config).
         #[arg(long)]
-        manifests: PathBuf,
+        kubeconfig: Option<PathBuf>,
+        /// The node this proxy runs on (`--source api`).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
         /// cgroup v2 whose processes get service translation (default: the cgroup v2 root).
         #[arg(long)]
         cgroup: Option<PathBuf>,
@@ -106,7 +127,10 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run {
             mode,
+            source,
             manifests,
+            kubeconfig,
+            node_name,
             cgroup,
             bpffs,
             metrics,
@@ -120,7 +144,16 @@ fn main() -> Result<()> {
                     ModeArg::Ebpf => Mode::Ebpf,
                     ModeArg::Iptables => Mode::Iptables,
                 },
-                manifests,
+                source: match (source, manifests) {
+                    (SourceArg::Manifests, Some(dir)) => SourceConfig::Manifests(dir),
+                    (SourceArg::Manifests, None) => {
+                        anyhow::bail!("--source manifests needs --manifests DIR")
+                    }
+                    (SourceArg::Api, _) => SourceConfig::Api(ApiConfig {
+                        kubeconfig,
+                        node_name,
+                    }),
+                },
                 cgroup: cgroup.unwrap_or_else(default_cgroup),
                 bpffs,
                 metrics,

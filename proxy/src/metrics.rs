@@ -16,6 +16,9 @@ pub struct Metrics {
     registry: Registry,
     /// Seconds to apply one batch of changes to the data path.
     pub sync_duration: Histogram,
+    /// Seconds from a change's trigger time to its data path write (kube-proxy's
+    /// network_programming_duration_seconds).
+    pub network_programming: Histogram,
     pub events: Counter,
     pub services: Gauge,
     errors: Family<Labels, Counter>,
@@ -28,6 +31,7 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("skiff_proxy");
         let sync_duration = Histogram::new(exponential_buckets(0.000_01, 2.0, 24));
+        let network_programming = Histogram::new(exponential_buckets(0.001, 2.0, 20));
         let events = Counter::default();
         let services = Gauge::default();
         let errors = Family::<Labels, Counter>::default();
@@ -38,6 +42,11 @@ impl Default for Metrics {
             "sync_duration_seconds",
             "Time to apply one batch of desired-state changes to the data path",
             sync_duration.clone(),
+        );
+        registry.register(
+            "network_programming_duration_seconds",
+            "Time from an endpoint change's trigger (the EndpointSlice's last-change-trigger-time) to the data path write",
+            network_programming.clone(),
         );
         registry.register(
             "events",
@@ -68,6 +77,7 @@ impl Default for Metrics {
         Metrics {
             registry,
             sync_duration,
+            network_programming,
             events,
             services,
             errors,

@@ -1,9 +1,9 @@
 //! Where the desired state comes from. A source lists, then watches, and sends the
 //! Kubernetes objects it sees (k8s-openapi types, unvalidated) as events; the daemon
-//! validates them into the model. The manifests directory is the source today; a source
-//! watching an API server (Services and EndpointSlices through kube-rs) feeds the same
-//! events later.
+//! validates them into the model. Two sources feed the same events: a manifests directory
+//! (`manifests`) and an API server watched through kube-rs (`api`).
 
+pub mod api;
 pub mod manifests;
 
 use crate::model::ObjectKey;
@@ -11,7 +11,17 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use tokio::sync::mpsc;
+
+/// Which source `proxy run` reads.
+#[derive(Clone, Debug)]
+pub enum SourceConfig {
+    /// A manifests directory, watched with inotify.
+    Manifests(PathBuf),
+    /// An API server, listed and watched.
+    Api(api::ApiConfig),
+}
 
 /// The kinds the proxy consumes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,6 +94,8 @@ pub enum SourceError {
         path: String,
         source: std::io::Error,
     },
+    #[error("API client ({config}): {reason}")]
+    Api { config: String, reason: String },
 }
 
 /// A producer of desired-state events. `run` lists, sends [`SourceEvent::Synced`], then

@@ -66,6 +66,8 @@ pub struct World {
     pub ns: NetNs,
     lease: SubnetLease,
     extra_args: Vec<String>,
+    /// `Some(kubeconfig)`: the proxy reads an API server instead of the manifests dir.
+    api: Option<std::path::PathBuf>,
 }
 
 impl World {
@@ -86,6 +88,7 @@ impl World {
             ns,
             lease,
             extra_args: Vec::new(),
+            api: None,
         }
     }
 
@@ -122,6 +125,17 @@ impl World {
         self
     }
 
+    /// The proxy will list and watch the API server of `kubeconfig` (`--source api`).
+    pub fn with_api(mut self, kubeconfig: &Path) -> World {
+        self.api = Some(kubeconfig.to_path_buf());
+        self
+    }
+
+    /// The leased VIP range, e.g. `10.250.17.0/24` (a test API server's service CIDR).
+    pub fn vip_cidr(&self) -> &str {
+        self.lease.cidr()
+    }
+
     /// Writes a manifest atomically (a hidden temp file renamed into place).
     pub fn write(&self, file: &str, text: &str) {
         let tmp = self.manifests.path().join(format!(".{file}.tmp"));
@@ -149,15 +163,13 @@ impl World {
             // iptables rules are per namespace: the proxy runs inside the test's.
             Mode::Iptables => self.ns.command(PROXY),
         };
-        cmd.args([
-            "run",
-            "--mode",
-            mode,
-            "--metrics",
-            "127.0.0.1:0",
-            "--manifests",
-        ])
-        .arg(self.manifests.path())
+        cmd.args(["run", "--mode", mode, "--metrics", "127.0.0.1:0"]);
+        match &self.api {
+            Some(kubeconfig) => cmd
+                .args(["--source", "api", "--kubeconfig"])
+                .arg(kubeconfig),
+            None => cmd.arg("--manifests").arg(self.manifests.path()),
+        }
         .arg("--cgroup")
         .arg(self.cg.path())
         .arg("--bpffs")
