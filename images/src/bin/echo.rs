@@ -18,7 +18,7 @@ const USAGE: &str = "usage: echo [serve]
        echo alloc MIB                 allocate and touch MIB MiB, then sleep
        echo sleep SECONDS             sleep (0: forever)
        echo exit CODE                 exit with CODE
-env: PORT (8080), POD_NAME, POD_NAMESPACE, POD_IP, NODE_NAME (downward API),
+env: PORT (8080), POD_NAME (default: the host name), POD_NAMESPACE, POD_IP, NODE_NAME (downward API),
      IGNORE_SIGTERM=1 (only SIGKILL stops the server)";
 
 static HEALTHY: AtomicBool = AtomicBool::new(true);
@@ -136,9 +136,16 @@ fn answer(path: &str) -> (u16, String) {
 
 fn identity() -> String {
     let var = |k: &str| std::env::var(k).unwrap_or_default();
+    // Without the downward API (`kubectl create deployment` sets no env) the pod's name is
+    // still its host name, which the runtime sets and mounts at /etc/hostname.
+    let pod = std::env::var("POD_NAME").unwrap_or_else(|_| {
+        std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default()
+    });
     format!(
         "pod={} namespace={} ip={} node={}\n",
-        var("POD_NAME"),
+        pod,
         var("POD_NAMESPACE"),
         var("POD_IP"),
         var("NODE_NAME")
