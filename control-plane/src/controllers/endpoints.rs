@@ -39,6 +39,7 @@ pub fn build(ctx: &Context) -> Controller<EndpointsController> {
     let pods = ctx.informers.get::<Pod>();
     let endpoints = ctx.informers.get::<Endpoints>();
     super::index_pods(&pods);
+    members::index_services(&services);
     let queue: WorkQueue<ObjectKey> = WorkQueue::new();
     let q = queue.clone();
     services.on_change(move |c| q.add(ObjectKey::of(c.object().as_ref())));

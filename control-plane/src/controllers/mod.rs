@@ -1,9 +1,11 @@
 //! The controllers of kube-controller-manager, each a client of the API server only: shared
 //! informers in, reconcile, writes back through the API. One room per controller:
-//! [`deployment`], [`replicaset`], [`endpointslice`] and [`endpoints`], [`garbagecollector`],
-//! [`namespace`], [`nodelifecycle`] (with [`tainteviction`] and [`podgc`]), [`nodeipam`],
-//! [`daemonset`]; [`pods`] holds what they ask of pods; [`manager`] runs the enabled ones
-//! under leader election with health and metrics.
+//! [`deployment`], [`replicaset`], [`endpointslice`] and [`endpoints`] (with what both ask
+//! of Services in [`serviceendpoints`]), [`garbagecollector`], [`namespace`] (both learn
+//! what is served from [`discovery`]), [`nodelifecycle`] (with [`tainteviction`] and
+//! [`podgc`]), [`nodeipam`], [`daemonset`]; [`pods`] holds what they ask of pods; [`manager`]
+//! runs the enabled ones under leader election with health and metrics; [`flags`] are the
+//! controller-manager's command-line flags.
 //!
 //! [`run`] runs one leadership term: it builds the enabled controllers over one set of shared
 //! informers, waits for the caches to sync, and reconciles until cancelled.

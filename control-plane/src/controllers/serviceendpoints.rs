@@ -27,14 +27,42 @@ fn selects(sel: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) ->
     sel.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-/// The Services in the pod's namespace whose selector matches its labels.
+/// Index of Services by each `<namespace>/<key>=<value>` pair of their selector.
+pub const BY_SELECTOR_LABEL: &str = "selector-label";
+
+/// Adds the selector index to the Service informer (idempotent).
+pub fn index_services(services: &Informer<Service>) {
+    services.add_index(BY_SELECTOR_LABEL, index_by_selector_label);
+}
+
+fn index_by_selector_label(svc: &Service) -> Vec<String> {
+    let ns = svc.namespace().unwrap_or_default();
+    selector(svc)
+        .map(|sel| {
+            sel.iter()
+                .map(|(k, v)| pods::label_index_value(&ns, k, v))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The Services in the pod's namespace whose selector matches its labels: candidates come
+/// from the selector index ([`index_services`]) through the pod's own labels
+/// (O(labels + candidates), not O(Services in the namespace)).
 pub fn services_for_pod(services: &Informer<Service>, pod: &Pod) -> Vec<ObjectKey> {
-    services
-        .in_namespace(&pod.namespace().unwrap_or_default())
+    let ns = pod.namespace().unwrap_or_default();
+    let mut out: Vec<ObjectKey> = pod
+        .labels()
         .iter()
+        .flat_map(|(k, v)| {
+            services.by_index(BY_SELECTOR_LABEL, &pods::label_index_value(&ns, k, v))
+        })
         .filter(|s| selector(s).is_some_and(|sel| selects(sel, pod.labels())))
         .map(|s| ObjectKey::of(s.as_ref()))
-        .collect()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The pods the Service selects, looked up through the smallest label bucket.

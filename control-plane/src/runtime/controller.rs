@@ -108,7 +108,22 @@ impl<R: Reconciler> Controller<R> {
             };
             workers.push(tokio::spawn(w.run(token.clone())));
         }
+        // The depth gauge also moves while workers are busy: sample it.
+        let (queue, metrics, name) = (self.queue.clone(), self.metrics.clone(), self.name);
+        let sampler = tokio::spawn({
+            let token = token.clone();
+            async move {
+                loop {
+                    metrics.queue_depth(name, queue.len());
+                    tokio::select! {
+                        _ = token.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        });
         token.cancelled().await;
+        let _ = sampler.await;
         self.queue.shut_down();
         futures::future::join_all(workers).await;
         tracing::info!(controller = self.name, "controller stopped");

@@ -134,6 +134,7 @@ pub fn build(ctx: &Context) -> Controller<EndpointSliceController> {
     let slices = ctx.informers.get::<EndpointSlice>();
     let nodes = ctx.informers.get::<Node>();
     super::index_pods(&pods);
+    members::index_services(&services);
     slices.add_index(BY_SERVICE, |s: &EndpointSlice| {
         service_of_slice(s)
             .map(|k| k.to_string())
