@@ -15,6 +15,8 @@ pub struct Kubectl {
 #[derive(Debug)]
 pub struct Run {
     pub success: bool,
+    /// The exit code (None: killed by a signal).
+    pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
 }
@@ -23,6 +25,7 @@ impl From<Output> for Run {
     fn from(o: Output) -> Run {
         Run {
             success: o.status.success(),
+            code: o.status.code(),
             stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         }

@@ -78,6 +78,7 @@ fn subresource_verbs(s: Subresource) -> Vec<String> {
         }
         Subresource::Binding => vec!["create".into()],
         Subresource::Log => vec!["get".into()],
+        Subresource::Exec => vec!["create".into(), "get".into()],
     }
 }
 
@@ -86,6 +87,7 @@ fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str
         Subresource::Scale => ("autoscaling", "v1", "Scale"),
         Subresource::Binding => ("", "v1", "Binding"),
         Subresource::Log => ("", "v1", "Pod"),
+        Subresource::Exec => ("", "v1", "PodExecOptions"),
         Subresource::Status => (r.group, r.version, r.kind),
     }
 }

@@ -152,7 +152,7 @@ async fn route(
     ctx: &Arc<Ctx>,
     auth: &Auth,
     peer: SocketAddr,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     query: &HashMap<String, String>,
 ) -> Result<Resp, ApiError> {
     let path = req.uri().path().to_string();
@@ -250,6 +250,10 @@ async fn route(
             .ok_or_else(|| ApiError::path_not_found(&path))?;
             let method = req.method().clone();
             let headers = req.headers().clone();
+            let query_string = req.uri().query().unwrap_or_default().to_string();
+            let upgrade = headers
+                .contains_key(header::UPGRADE)
+                .then(|| hyper::upgrade::on(&mut req));
             let body = read_body(req.into_body()).await?;
             let call = Call {
                 method: &method,
@@ -258,6 +262,8 @@ async fn route(
                 query,
                 headers: &headers,
                 body,
+                query_string: &query_string,
+                upgrade,
             };
             if legacy_binding {
                 handlers::legacy_binding(ctx, call).await

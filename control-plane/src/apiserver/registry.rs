@@ -13,6 +13,9 @@ pub enum Subresource {
     Binding,
     /// `pods/log`: a container's log, proxied from the node agent's kubelet API.
     Log,
+    /// `pods/exec`: a command in a container, an HTTP upgrade (SPDY or WebSocket) relayed to
+    /// the runtime's streaming server through the node agent's kubelet API.
+    Exec,
 }
 
 impl Subresource {
@@ -22,6 +25,7 @@ impl Subresource {
             Subresource::Scale => "scale",
             Subresource::Binding => "binding",
             Subresource::Log => "log",
+            Subresource::Exec => "exec",
         }
     }
 }
@@ -159,7 +163,7 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Namespaced,
         short_names: &["po"],
         categories: ALL,
-        subresources: &[Status, Binding, Log],
+        subresources: &[Status, Binding, Log, Exec],
         fields: &[
             "spec.nodeName",
             "status.phase",

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the fixture
 
+pub mod cluster;
+
 use node::containerd::{Containerd, RuntimeSettings};
 use node::cri::Cri;
 use node::layout::Layout;

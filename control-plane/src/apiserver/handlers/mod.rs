@@ -3,6 +3,7 @@
 //! Shared here: the server state the handlers use ([`Ctx`]) and the dispatch by method.
 
 mod delete;
+mod kubelet;
 mod proxy;
 mod read;
 mod subresources;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method};
+use hyper::upgrade::OnUpgrade;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -95,6 +97,10 @@ pub struct Call<'a> {
     pub query: &'a std::collections::HashMap<String, String>,
     pub headers: &'a HeaderMap,
     pub body: Bytes,
+    /// The raw query string (for parameters that repeat, such as exec's `command`).
+    pub query_string: &'a str,
+    /// The connection's switch of protocols, when the request asked for one.
+    pub upgrade: Option<OnUpgrade>,
 }
 
 impl Call<'_> {
@@ -116,7 +122,7 @@ impl Call<'_> {
 }
 
 /// Routes a resource request to its handler.
-pub async fn dispatch(ctx: &Arc<Ctx>, call: Call<'_>) -> Result<Resp, ApiError> {
+pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiError> {
     let r = call.resource;
     if r.namespaced() != call.path.namespace.is_some() && call.path.name.is_some() {
         if r.namespaced() {
@@ -184,7 +190,11 @@ pub async fn dispatch(ctx: &Arc<Ctx>, call: Call<'_>) -> Result<Resp, ApiError> 
         (Method::PATCH, Some(n), Some(Subresource::Scale)) => {
             subresources::patch_scale(ctx, &call, &n).await
         }
-        (Method::GET, Some(n), Some(Subresource::Log)) => subresources::logs(ctx, &call, &n).await,
+        (Method::GET, Some(n), Some(Subresource::Log)) => kubelet::logs(ctx, &call, &n).await,
+        (Method::GET | Method::POST, Some(n), Some(Subresource::Exec)) => {
+            let upgrade = call.upgrade.take();
+            kubelet::exec(ctx, &call, &n, upgrade).await
+        }
         (Method::POST, Some(n), Some(Subresource::Binding)) => {
             subresources::bind(ctx, &call, Some(&n)).await
         }

@@ -1,20 +1,32 @@
-//! Streaming a node agent's HTTP answer back to the client (pods/log): the kubelet API is
-//! plain HTTP inside the cluster's own network; its body is relayed frame by frame.
+//! Relaying a node agent's kubelet API to the client. The kubelet API is plain HTTP inside the
+//! cluster's own network.
+//!
+//! - [`stream_get`]: an answer streamed back frame by frame (pods/log).
+//! - [`upgrade`]: an HTTP upgrade (pods/exec): the client's handshake goes to the kubelet,
+//!   which answers with a redirect to the runtime's streaming server (containerd's CRI
+//!   streaming URL for the session); the handshake follows it there, and once that server
+//!   switches protocols the two connections are spliced byte for byte, both directions.
+//!   Neither protocol is interpreted here: SPDY/3.1 and the WebSocket channel protocols pass
+//!   through unchanged. A handshake the far end refuses goes back to the client as a Status
+//!   with that answer's code and text: kubectl 1.33 tries WebSocket `v5.channel.k8s.io`
+//!   first, which containerd 1.6 refuses (403), and then falls back to SPDY.
 
 use std::convert::Infallible;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use http::{header, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, StreamBody};
-use hyper::body::Frame;
+use http::{header, HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 
-use crate::apiserver::output::Resp;
-use crate::machinery::ApiError;
+use crate::apiserver::output::{self, Resp};
+use crate::machinery::{ApiError, Reason};
 
 /// GETs `url` and relays status, content type and body as they come.
 pub async fn stream_get(url: &str) -> Result<Resp, ApiError> {
@@ -26,6 +38,9 @@ pub async fn stream_get(url: &str) -> Result<Resp, ApiError> {
         ApiError::unavailable(format!("the node agent did not answer ({url}): {e}"))
     })?;
     let status = resp.status();
+    if !status.is_success() {
+        return Err(kubelet_error(status, &read_limited(resp).await));
+    }
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let mut body = resp.into_body();
     let (tx, rx) = mpsc::channel::<Bytes>(16);
@@ -41,13 +56,231 @@ pub async fn stream_get(url: &str) -> Result<Resp, ApiError> {
     });
     let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
     let mut out = Response::new(StreamBody::new(stream).boxed_unsync());
-    *out.status_mut() = if status.is_success() {
-        StatusCode::OK
-    } else {
-        status
-    };
     if let Some(ct) = content_type {
         out.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
     Ok(out)
+}
+
+/// A kubelet's error answer as a Status for the client, its text as the message (as
+/// Kubernetes' generic response checker makes it).
+fn kubelet_error(status: StatusCode, body: &[u8]) -> ApiError {
+    let reason = match status {
+        StatusCode::BAD_REQUEST => Reason::BadRequest,
+        StatusCode::FORBIDDEN => Reason::Forbidden,
+        StatusCode::NOT_FOUND => Reason::NotFound,
+        StatusCode::SERVICE_UNAVAILABLE => Reason::ServiceUnavailable,
+        _ => Reason::InternalError,
+    };
+    let text = String::from_utf8_lossy(body).trim().to_string();
+    ApiError::new(status.as_u16(), reason, text)
+}
+
+/// At most [`ERROR_BYTES`] of a body (error answers are short).
+async fn read_limited(resp: Response<Incoming>) -> Bytes {
+    match Limited::new(resp.into_body(), ERROR_BYTES).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::new(),
+    }
+}
+
+/// The headers of an upgrade handshake, passed on in both directions (hop-by-hop ones
+/// included: they are the handshake).
+const HANDSHAKE: &[&str] = &[
+    "connection",
+    "upgrade",
+    "sec-websocket-key",
+    "sec-websocket-version",
+    "sec-websocket-protocol",
+    "sec-websocket-extensions",
+    "sec-websocket-accept",
+    "x-stream-protocol-version",
+];
+
+/// Redirects followed from the kubelet to the streaming server (the node agent sends one).
+const MAX_REDIRECTS: usize = 3;
+
+/// The most of an error answer's body relayed to the client.
+const ERROR_BYTES: usize = 64 * 1024;
+
+/// Whether a request asks to switch protocols (`Connection: Upgrade` and an `Upgrade`).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade && headers.contains_key(header::UPGRADE)
+}
+
+/// Relays the client's upgrade handshake (`method`, `headers`) to `url` on the kubelet,
+/// following its redirect on the same host, and once the far end switches protocols splices
+/// the client's connection (`client`) to it until either side closes or the server stops.
+pub async fn upgrade(
+    method: &Method,
+    url: &str,
+    headers: &HeaderMap,
+    client: OnUpgrade,
+    shutdown: CancellationToken,
+) -> Result<Resp, ApiError> {
+    let mut target: Uri = url
+        .parse()
+        .map_err(|e| ApiError::internal(format!("kubelet URL {url}: {e}")))?;
+    let kubelet_host = target.host().unwrap_or_default().to_string();
+    for _ in 0..=MAX_REDIRECTS {
+        let resp = handshake(method, &target, headers).await?;
+        let status = resp.status();
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(splice(resp, client, shutdown));
+        }
+        if !status.is_redirection() {
+            return Err(kubelet_error(status, &read_limited(resp).await));
+        }
+        let location = resp
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|l| l.to_str().ok());
+        target = redirect_target(&target, location, &kubelet_host)?;
+    }
+    Err(ApiError::internal(format!(
+        "the node agent redirected more than {MAX_REDIRECTS} times ({url})"
+    )))
+}
+
+/// Where a redirect points. Only to the kubelet's own host: a node agent must not be able to
+/// send the API server's connections elsewhere (Kubernetes' fix for CVE-2020-8559).
+fn redirect_target(
+    from: &Uri,
+    location: Option<&str>,
+    kubelet_host: &str,
+) -> Result<Uri, ApiError> {
+    let location = location
+        .ok_or_else(|| ApiError::internal("the node agent redirected without a Location"))?;
+    let mut next: Uri = location.parse().map_err(|e| {
+        ApiError::internal(format!("the node agent redirected to {location:?}: {e}"))
+    })?;
+    if next.authority().is_none() {
+        // A relative redirect stays on the same server.
+        let mut parts = from.clone().into_parts();
+        parts.path_and_query = next.path_and_query().cloned();
+        next = Uri::from_parts(parts).map_err(ApiError::internal)?;
+    }
+    if next.host() != Some(kubelet_host) {
+        return Err(ApiError::internal(format!(
+            "the node agent redirected to {location}, not on its own host {kubelet_host}"
+        )));
+    }
+    Ok(next)
+}
+
+/// Sends the handshake to `uri` on a connection of its own; returns the far end's answer.
+async fn handshake(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Response<Incoming>, ApiError> {
+    let unreachable =
+        |e: &dyn std::fmt::Display| ApiError::unavailable(format!("connecting to {uri}: {e}"));
+    let authority = uri
+        .authority()
+        .filter(|_| uri.scheme_str() == Some("http"))
+        .ok_or_else(|| ApiError::internal(format!("not an http:// URL: {uri}")))?;
+    let addr = match authority.port_u16() {
+        Some(_) => authority.to_string(),
+        None => format!("{authority}:80"),
+    };
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| unreachable(&e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "streaming connection ended with an error");
+        }
+    });
+    let mut req = Request::builder()
+        .method(method.clone())
+        .uri(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(header::HOST, authority.as_str());
+    for name in HANDSHAKE {
+        for v in headers.get_all(*name) {
+            req = req.header(*name, v);
+        }
+    }
+    let req = req
+        .body(Empty::<Bytes>::new())
+        .map_err(ApiError::internal)?;
+    sender.send_request(req).await.map_err(|e| unreachable(&e))
+}
+
+/// Answers the client with the far end's 101 and splices the two connections once both
+/// have switched.
+fn splice(mut far: Response<Incoming>, client: OnUpgrade, shutdown: CancellationToken) -> Resp {
+    let mut out = Response::new(output::full(Bytes::new()));
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    for name in HANDSHAKE {
+        for v in far.headers().get_all(*name) {
+            out.headers_mut()
+                .append(HeaderName::from_static(name), v.clone());
+        }
+    }
+    let far_upgrade = hyper::upgrade::on(&mut far);
+    tokio::spawn(async move {
+        let (near, far) = match tokio::try_join!(client, far_upgrade) {
+            Ok(both) => both,
+            Err(e) => {
+                tracing::debug!(error = %e, "a streaming upgrade did not complete");
+                return;
+            }
+        };
+        let (mut near, mut far) = (TokioIo::new(near), TokioIo::new(far));
+        tokio::select! {
+            copied = tokio::io::copy_bidirectional(&mut near, &mut far) => match copied {
+                Ok((up, down)) => tracing::debug!(up, down, "streaming session ended"),
+                Err(e) => tracing::debug!(error = %e, "streaming session ended with an error"),
+            },
+            _ = shutdown.cancelled() => {}
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upgrade_requests_are_recognised() {
+        let mut h = HeaderMap::new();
+        assert!(!is_upgrade(&h));
+        h.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
+        assert!(!is_upgrade(&h), "no Upgrade header");
+        h.insert(header::UPGRADE, "SPDY/3.1".parse().unwrap());
+        assert!(is_upgrade(&h));
+        h.insert(header::CONNECTION, "close".parse().unwrap());
+        assert!(!is_upgrade(&h));
+    }
+
+    #[test]
+    fn redirects_stay_on_the_kubelets_host() {
+        let from: Uri = "http://10.0.0.5:10250/exec/ns/p/c?command=ls"
+            .parse()
+            .unwrap();
+        let to = |l| redirect_target(&from, Some(l), "10.0.0.5");
+        assert_eq!(
+            to("http://10.0.0.5:41234/exec/tok").unwrap().to_string(),
+            "http://10.0.0.5:41234/exec/tok"
+        );
+        assert_eq!(
+            to("/exec/tok").unwrap().to_string(),
+            "http://10.0.0.5:10250/exec/tok"
+        );
+        assert_eq!(to("http://10.0.0.6:41234/exec/tok").unwrap_err().code, 500);
+        assert_eq!(to("http://127.0.0.1:41234/exec/tok").unwrap_err().code, 500);
+        assert!(redirect_target(&from, None, "10.0.0.5").is_err());
+    }
 }

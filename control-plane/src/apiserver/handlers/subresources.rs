@@ -1,7 +1,6 @@
-//! The scale subresource (an autoscaling/v1 Scale view of `.spec.replicas`), pod binding
-//! (`pods/<name>/binding` and the legacy `bindings` collection: the scheduler's only write),
-//! and `pods/<name>/log`, streamed from the node agent's kubelet API
-//! (`GET http://<node InternalIP>:<daemonEndpoints.kubeletEndpoint.Port, default 10250>/containerLogs/<ns>/<pod>/<container>`).
+//! The scale subresource (an autoscaling/v1 Scale view of `.spec.replicas`) and pod binding
+//! (`pods/<name>/binding` and the legacy `bindings` collection: the scheduler's only write).
+//! The subresources a node agent serves (log, exec) are in `kubelet.rs`.
 
 use std::sync::Arc;
 
@@ -156,6 +155,8 @@ pub async fn bind(ctx: &Arc<Ctx>, call: &Call<'_>, name: Option<&str>) -> Result
         query: call.query,
         headers: call.headers,
         body: call.body.clone(),
+        query_string: call.query_string,
+        upgrade: None,
     };
     update_object(ctx, &pod_call, &pod, Part::System, None, &opts, |cur| {
         if expected_uid.as_deref().is_some_and(|u| Some(u) != meta::uid(cur)) {
@@ -189,94 +190,4 @@ pub async fn bind(ctx: &Arc<Ctx>, call: &Call<'_>, name: Option<&str>) -> Result
         StatusCode::CREATED,
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     ))
-}
-
-/// The kubelet port when the Node does not report one (Kubernetes' default).
-const KUBELET_PORT: i64 = 10250;
-
-/// `GET pods/<name>/log`: the container's log, streamed from its node's agent.
-pub async fn logs(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
-    let pod = ctx
-        .cached(call.resource, &call.key(name))
-        .await?
-        .ok_or_else(|| call.not_found(name))?
-        .value()
-        .map_err(ApiError::internal)?;
-    let containers: Vec<String> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|c| c["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let container = match call.query.get("container").filter(|c| !c.is_empty()) {
-        Some(c) => c.clone(),
-        None if containers.len() == 1 => containers[0].clone(),
-        None => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {name}, choose one of: [{}]",
-                containers.join(" ")
-            )))
-        }
-    };
-    let node = pod
-        .pointer("/spec/nodeName")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request(format!("pod {name} is not scheduled to a node yet"))
-        })?;
-    let nodes = crate::apiserver::registry::find("", "v1", "nodes")
-        .ok_or_else(|| ApiError::internal("nodes not registered"))?;
-    let node_obj = ctx
-        .cached(nodes, &nodes.key(None, node))
-        .await?
-        .ok_or_else(|| ApiError::not_found("", "nodes", node))?
-        .value()
-        .map_err(ApiError::internal)?;
-    let addresses = node_obj
-        .pointer("/status/addresses")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let address = ["InternalIP", "ExternalIP", "Hostname"]
-        .iter()
-        .find_map(|t| {
-            addresses
-                .iter()
-                .find(|a| a["type"] == *t)
-                .and_then(|a| a["address"].as_str())
-        })
-        .ok_or_else(|| ApiError::bad_request(format!("node {node} reports no address")))?;
-    let port = node_obj
-        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
-        .and_then(Value::as_i64)
-        .filter(|p| *p > 0)
-        .unwrap_or(KUBELET_PORT);
-    let mut query = Vec::new();
-    for k in [
-        "follow",
-        "previous",
-        "tailLines",
-        "timestamps",
-        "sinceSeconds",
-        "limitBytes",
-    ] {
-        if let Some(v) = call.query.get(k) {
-            query.push(format!("{k}={v}"));
-        }
-    }
-    let host = if address.contains(':') {
-        format!("[{address}]")
-    } else {
-        address.to_string()
-    };
-    let ns = call.namespace().unwrap_or_default();
-    let url = format!(
-        "http://{host}:{port}/containerLogs/{ns}/{name}/{container}?{}",
-        query.join("&")
-    );
-    super::proxy::stream_get(&url).await
 }

@@ -1,0 +1,178 @@
+//! A real API server (in-process) and a real node agent with its own containerd, for tests
+//! that drive the whole node through the API (kube-rs or the real kubectl). Torn down on
+//! drop, also on failure.
+
+use super::{settings, test_timing};
+use control_plane::apiserver::{Config, RunningServer, Server};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use node::agent::{AgentConfig, RunningAgent};
+use node::names::NodeName;
+use serde_json::json;
+use skiff_tests::wait_until_async;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const T: Duration = Duration::from_secs(40);
+
+pub struct Cluster {
+    server: Option<RunningServer>,
+    pub client: Client,
+    agent: Option<RunningAgent>,
+    pub config: AgentConfig,
+    subnet: skiff_tests::subnet::SubnetLease,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub async fn start(tag: &str) -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter("node=info")
+            .try_init();
+        skiff_tests::registry::require_images();
+        let dir = tempfile::Builder::new()
+            .prefix("ska")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let server = Server::start(Config::new(
+            dir.path().join("api"),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .await
+        .unwrap();
+        let kc = Kubeconfig::read_from(server.kubeconfig_path()).unwrap();
+        let client = Client::try_from(
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        let name = NodeName::new(format!("a{}-{tag}", std::process::id()));
+        let mut config = AgentConfig::new(name, dir.path().join("node"), settings());
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.node_ip = Some(std::net::Ipv4Addr::LOCALHOST);
+        config.timing = test_timing();
+        config.lease_interval = Duration::from_secs(1);
+        let agent = RunningAgent::start(config.clone(), client.clone())
+            .await
+            .unwrap();
+        Cluster {
+            server: Some(server),
+            client,
+            agent: Some(agent),
+            config,
+            subnet: skiff_tests::subnet::lease(),
+            dir,
+        }
+    }
+
+    pub fn node_name(&self) -> String {
+        self.config.name.to_string()
+    }
+
+    /// The admin kubeconfig of the API server (for the real kubectl).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.server
+            .as_ref()
+            .expect("a running server")
+            .kubeconfig_path()
+            .to_path_buf()
+    }
+
+    /// A directory of the test's own, removed with the cluster.
+    pub fn scratch(&self) -> PathBuf {
+        self.dir.path().join("scratch")
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    pub async fn restart_agent(&mut self) {
+        self.agent.take().unwrap().shutdown().await;
+        self.agent = Some(
+            RunningAgent::start(self.config.clone(), self.client.clone())
+                .await
+                .unwrap(),
+        );
+    }
+
+    pub fn agent(&self) -> &RunningAgent {
+        self.agent.as_ref().unwrap()
+    }
+
+    /// Gives the node its pod CIDR, as node IPAM would.
+    pub async fn assign_pod_cidr(&self) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let patch =
+            json!({"spec": {"podCIDR": self.subnet.cidr(), "podCIDRs": [self.subnet.cidr()]}});
+        nodes
+            .patch(
+                &self.node_name(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn create_pod(&self, name: &str, spec: serde_json::Value) -> Pod {
+        let mut spec = spec;
+        spec["nodeName"] = self.node_name().into();
+        let pod: Pod = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}),
+        )
+        .unwrap();
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
+    }
+
+    pub async fn wait_pod(&self, name: &str, what: &str, pred: impl Fn(&Pod) -> bool) -> Pod {
+        let api = self.pods();
+        wait_until_async(what, T, || {
+            let api = api.clone();
+            let name = name.to_string();
+            let ok = &pred;
+            async move {
+                let p = api.get(&name).await.map_err(|e| e.to_string())?;
+                if ok(&p) {
+                    Ok(p)
+                } else {
+                    Err(serde_json::to_string(&p.status).unwrap_or_default())
+                }
+            }
+        })
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let agent = self.agent.take();
+        let server = self.server.take();
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async {
+                if let Some(a) = agent {
+                    a.remove_everything().await;
+                }
+                if let Some(s) = server {
+                    s.shutdown().await;
+                }
+            })
+        });
+    }
+}
+
+pub fn running_ready(p: &Pod) -> bool {
+    let s = p.status.clone().unwrap_or_default();
+    s.phase.as_deref() == Some("Running")
+        && s.conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
