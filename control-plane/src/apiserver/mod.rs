@@ -14,6 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+mod conversion;
 mod discovery;
 mod handlers;
 mod http;
@@ -130,6 +131,7 @@ impl Server {
         let shared: Arc<dyn Store> = Arc::new(store.clone());
         let specs = registry::RESOURCES
             .iter()
+            .filter(|r| r.stored_as.is_none())
             .map(|r| CacheSpec {
                 prefix: r.prefix(),
                 fields: r.selectable_fields(),

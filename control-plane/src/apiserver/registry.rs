@@ -63,6 +63,9 @@ pub struct Resource {
     /// Fields with a watch channel per value (O(changed) fan-out).
     pub indexed: &'static [&'static str],
     pub status_on_create: StatusOnCreate,
+    /// Served from another resource's storage, converted on the way in and out (None: its
+    /// own storage).
+    pub stored_as: Option<&'static Conversion>,
 }
 
 const VERBS: &[&str] = &[
@@ -102,14 +105,14 @@ impl Resource {
         self.subresources.contains(&s)
     }
 
-    /// The store prefix of every object of this resource: `/<group or core>/<plural>/`.
+    /// The store prefix of every object of this resource: `/<group or core>/<plural>/` (of
+    /// the storage resource, for a view).
     pub fn prefix(&self) -> String {
-        let g = if self.group.is_empty() {
-            "core"
-        } else {
-            self.group
-        };
-        format!("/{g}/{}/", self.plural)
+        let (group, plural) = self
+            .stored_as
+            .map_or((self.group, self.plural), |c| (c.storage.0, c.storage.2));
+        let g = if group.is_empty() { "core" } else { group };
+        format!("/{g}/{plural}/")
     }
 
     /// The store prefix of the objects in `namespace` (all of them when None).
@@ -125,6 +128,13 @@ impl Resource {
         format!("{}{name}", self.namespace_prefix(namespace))
     }
 
+    /// The resource whose storage holds this one's objects (itself unless it is a view).
+    pub fn storage(&'static self) -> &'static Resource {
+        self.stored_as
+            .and_then(|c| find(c.storage.0, c.storage.1, c.storage.2))
+            .unwrap_or(self)
+    }
+
     /// Every field a field selector may name for this resource.
     pub fn selectable_fields(&self) -> Vec<&'static str> {
         let mut f = vec!["metadata.name", "metadata.namespace"];
@@ -133,6 +143,7 @@ impl Resource {
     }
 }
 
+use super::conversion::{Conversion, EVENTS_V1};
 use Subresource::*;
 
 const NONE: &[&str] = &[];
@@ -153,6 +164,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["status.phase"],
         indexed: NONE,
         status_on_create: StatusOnCreate::Reset,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -175,6 +187,7 @@ pub static RESOURCES: &[Resource] = &[
         ],
         indexed: &["spec.nodeName", "metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -189,6 +202,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["spec.clusterIP", "spec.type"],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -203,6 +217,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -217,6 +232,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["spec.unschedulable"],
         indexed: NONE,
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -243,6 +259,7 @@ pub static RESOURCES: &[Resource] = &[
         ],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -257,6 +274,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -271,6 +289,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["type"],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "",
@@ -285,6 +304,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "apps",
@@ -299,6 +319,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
+        stored_as: None,
     },
     Resource {
         group: "apps",
@@ -313,6 +334,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["status.replicas"],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
+        stored_as: None,
     },
     Resource {
         group: "apps",
@@ -327,6 +349,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
+        stored_as: None,
     },
     Resource {
         group: "discovery.k8s.io",
@@ -341,6 +364,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "coordination.k8s.io",
@@ -355,6 +379,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: None,
     },
     Resource {
         group: "events.k8s.io",
@@ -368,13 +393,19 @@ pub static RESOURCES: &[Resource] = &[
         subresources: &[],
         fields: &[
             "regarding.kind",
-            "regarding.name",
             "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "regarding.apiVersion",
+            "regarding.resourceVersion",
+            "regarding.fieldPath",
             "reason",
+            "reportingController",
             "type",
         ],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
+        stored_as: Some(&EVENTS_V1),
     },
 ];
 
@@ -429,8 +460,25 @@ mod tests {
 
     #[test]
     fn no_two_resources_share_a_store_prefix_unless_intended() {
-        for (i, a) in RESOURCES.iter().enumerate() {
-            for b in &RESOURCES[i + 1..] {
+        let stored: Vec<&Resource> = RESOURCES.iter().filter(|r| r.stored_as.is_none()).collect();
+        for view in RESOURCES.iter().filter(|r| r.stored_as.is_some()) {
+            let storage = stored.iter().find(|s| s.prefix() == view.prefix());
+            assert!(
+                storage.is_some(),
+                "{} is stored by a served resource",
+                view.plural
+            );
+            for f in view.selectable_fields() {
+                let c = view.stored_as.unwrap();
+                let to = (c.field)(f).unwrap_or_else(|| panic!("{f} of {}", view.plural));
+                assert!(
+                    storage.unwrap().selectable_fields().contains(&to),
+                    "{f} -> {to}"
+                );
+            }
+        }
+        for (i, a) in stored.iter().enumerate() {
+            for b in &stored[i + 1..] {
                 assert!(
                     !a.prefix().starts_with(&b.prefix()) && !b.prefix().starts_with(&a.prefix()),
                     "{} and {}",

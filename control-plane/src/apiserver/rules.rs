@@ -58,22 +58,41 @@ pub fn selection(
 ) -> Result<Selection, ApiError> {
     let labels = LabelSelector::parse(label_selector.unwrap_or(""))?;
     let fields = FieldSelector::parse(field_selector.unwrap_or(""))?;
-    let selectable = r.selectable_fields();
+    // The cache holds the storage resource's field values: a view's fields are renamed.
+    let stored = r.storage();
+    let stored_fields = stored.selectable_fields();
+    let view_fields = r.selectable_fields();
+    let position = move |f: &str| -> Option<usize> {
+        let f = match r.stored_as {
+            None => f,
+            Some(c) => view_fields.contains(&f).then(|| (c.field)(f)).flatten()?,
+        };
+        stored_fields.iter().position(|s| *s == f)
+    };
     for req in fields.requirements() {
-        if !selectable.contains(&req.field.as_str()) {
+        if position(&req.field).is_none() {
             return Err(ApiError::bad_request(format!(
                 "field label not supported: {}",
                 req.field
             )));
         }
     }
-    let index = r
+    let index = stored
         .indexed
         .iter()
-        .find_map(|f| fields.required_value(f).map(|v| (*f, v.to_string())))
+        .find_map(|f| {
+            let i = stored.selectable_fields().iter().position(|s| s == f)?;
+            let pinned = fields
+                .requirements()
+                .iter()
+                .filter(|req| position(&req.field) == Some(i))
+                .find_map(|req| fields.required_value(&req.field))?;
+            Some((*f, pinned.to_string()))
+        })
         .or_else(|| {
             let ns = namespace?;
-            r.indexed
+            stored
+                .indexed
                 .contains(&"metadata.namespace")
                 .then(|| ("metadata.namespace", ns.to_string()))
         });
@@ -84,10 +103,7 @@ pub fn selection(
         }
         (labels.is_everything() || labels.matches(&o.labels))
             && (fields.is_everything()
-                || fields.matches(|f| {
-                    let i = selectable.iter().position(|s| *s == f)?;
-                    o.fields.get(i).cloned().flatten()
-                }))
+                || fields.matches(|f| o.fields.get(position(f)?).cloned().flatten()))
     });
     Ok(Selection { filter, index })
 }

@@ -22,7 +22,7 @@ pub fn render(
 ) -> Result<Value, ApiError> {
     let mut rows = Vec::with_capacity(items.len());
     for o in items {
-        let v = o.value().map_err(ApiError::internal)?;
+        let v = super::conversion::served_value(r, o)?;
         rows.push(row(r, &v, include));
     }
     let mut meta = json!({});

@@ -14,7 +14,7 @@ use super::write::blocks_deletion;
 use super::{store_error, Call, Ctx, SYSTEM_NAMESPACES};
 use crate::apiserver::output::{self, Resp};
 use crate::apiserver::request::ListOptions;
-use crate::apiserver::{meta, rules};
+use crate::apiserver::{conversion, meta, rules};
 use crate::machinery::ApiError;
 use crate::store::{Precondition, StoreError, WriteOp};
 
@@ -196,7 +196,7 @@ async fn delete_object(
             }
             WriteOp::Put {
                 key: call.key(name),
-                value: serde_json::to_vec(&new).map_err(ApiError::internal)?.into(),
+                value: conversion::stored_bytes(r, &new)?,
                 precondition: Precondition::ModRevision(rev),
             }
         } else {

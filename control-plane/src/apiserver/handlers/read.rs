@@ -10,7 +10,7 @@ use super::{Call, Ctx};
 use crate::apiserver::negotiate::{self, Output};
 use crate::apiserver::output::{self, Resp};
 use crate::apiserver::request::{ListOptions, ReadAt};
-use crate::apiserver::{meta, rules, table};
+use crate::apiserver::{conversion, meta, rules, table};
 use crate::machinery::ApiError;
 use crate::store::cache::Page;
 use crate::store::Revision;
@@ -41,7 +41,7 @@ pub async fn get(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, Ap
         Output::Object => Ok(output::bytes(
             StatusCode::OK,
             output::JSON,
-            obj.json.clone(),
+            conversion::served(call.resource, &obj)?,
         )),
         Output::Table(inc) => {
             let t = table::render(
@@ -113,17 +113,23 @@ pub async fn list(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result<
         call.header(header::ACCEPT),
         call.query.get("includeObject").map(String::as_str),
     ) {
-        Output::Object => Ok(output::bytes(
-            StatusCode::OK,
-            output::JSON,
-            output::list_bytes(
-                &r.api_version(),
-                &r.list_kind(),
-                revision,
-                token.as_deref(),
-                items.iter().map(|o| o.json.as_ref()),
-            ),
-        )),
+        Output::Object => {
+            let jsons = items
+                .iter()
+                .map(|o| conversion::served(r, o))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(output::bytes(
+                StatusCode::OK,
+                output::JSON,
+                output::list_bytes(
+                    &r.api_version(),
+                    &r.list_kind(),
+                    revision,
+                    token.as_deref(),
+                    jsons.iter().map(|b| b.as_ref()),
+                ),
+            ))
+        }
         Output::Table(inc) => {
             let t = table::render(r, &items, inc, Some(revision), token.as_deref())?;
             Ok(output::ok(&t))
@@ -131,7 +137,8 @@ pub async fn list(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result<
     }
 }
 
-/// The object at `key` as stored now (for writes), with its resourceVersion.
+/// The object at `key` as stored now (for writes), with its resourceVersion, in the shape of
+/// the resource the call names.
 pub async fn current(
     ctx: &Ctx,
     call: &Call<'_>,
@@ -143,7 +150,7 @@ pub async fn current(
         .await
         .map_err(|e| super::store_error(call.resource, name, e))?
         .ok_or_else(|| call.not_found(name))?;
-    let mut v = super::parse_stored(&kv.value)?;
+    let mut v = conversion::from_storage(call.resource, super::parse_stored(&kv.value)?)?;
     meta::set_resource_version(&mut v, kv.mod_revision);
     Ok((v, kv.mod_revision))
 }

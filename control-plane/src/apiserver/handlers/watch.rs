@@ -21,7 +21,7 @@ use crate::apiserver::negotiate::{self, Output};
 use crate::apiserver::output::{self, Resp};
 use crate::apiserver::registry::Resource;
 use crate::apiserver::request::{ListOptions, ReadAt};
-use crate::apiserver::{rules, table};
+use crate::apiserver::{conversion, rules, table};
 use crate::machinery::ApiError;
 use crate::store::cache::{CacheError, CacheWatch, WatchEnd, WatchEvent, WatchStart};
 use crate::store::Revision;
@@ -207,11 +207,15 @@ impl Stream {
             WatchEvent::Deleted(_) => "DELETED",
         };
         let o = e.object();
+        let r = self.resource;
         let bytes = match self.output {
-            Output::Object => line(kind, &o.json),
-            Output::Table(inc) => match o.value() {
+            Output::Object => match conversion::served(r, o) {
+                Ok(json) => line(kind, &json),
+                Err(_) => return true,
+            },
+            Output::Table(inc) => match conversion::served_value(r, o) {
                 Ok(v) => {
-                    let t = table::single(self.resource, &v, inc);
+                    let t = table::single(r, &v, inc);
                     line(kind, &serde_json::to_vec(&t).unwrap_or_default())
                 }
                 Err(_) => return true,

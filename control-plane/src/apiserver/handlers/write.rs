@@ -14,7 +14,7 @@ use crate::apiserver::negotiate::{self, BodyFormat};
 use crate::apiserver::output::{self, Resp};
 use crate::apiserver::registry::{Resource, StatusOnCreate, Subresource};
 use crate::apiserver::request::{FieldValidation, WriteOptions};
-use crate::apiserver::{meta, rules};
+use crate::apiserver::{conversion, meta, rules};
 use crate::machinery::ApiError;
 use crate::store::{Precondition, Revision, StoreError, WriteOp};
 
@@ -151,12 +151,12 @@ pub async fn create_object(
         ctx.admission.rollback(alloc);
         return Ok(obj);
     }
-    let value = serde_json::to_vec(&obj).map_err(ApiError::internal)?;
+    let value = conversion::stored_bytes(r, &obj)?;
     let written = ctx
         .store
         .write(WriteOp::Put {
             key: r.key(ns.filter(|_| r.namespaced()), &name),
-            value: value.into(),
+            value,
             precondition: Precondition::MustNotExist,
         })
         .await;
@@ -315,7 +315,7 @@ pub async fn update_object(
         } else {
             WriteOp::Put {
                 key: call.key(name),
-                value: serde_json::to_vec(&new).map_err(ApiError::internal)?.into(),
+                value: conversion::stored_bytes(r, &new)?,
                 precondition: Precondition::ModRevision(cur_rev),
             }
         };

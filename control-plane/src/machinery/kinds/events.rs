@@ -151,8 +151,10 @@ pub fn validate_events_v1(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
     )
 }
 
-/// The core/v1 shape of an events.k8s.io/v1 Event (Kubernetes stores one type for both).
-fn as_core(e: eventsv1::Event) -> Event {
+/// The core/v1 shape of an events.k8s.io/v1 Event (Kubernetes stores one type for both:
+/// regarding <-> involvedObject, note <-> message, reportingController <-> reportingComponent,
+/// deprecated* <-> source, firstTimestamp, lastTimestamp, count).
+pub fn as_core(e: eventsv1::Event) -> Event {
     Event {
         metadata: e.metadata,
         involved_object: e.regarding.unwrap_or_default(),
@@ -172,6 +174,34 @@ fn as_core(e: eventsv1::Event) -> Event {
             count: Some(s.count),
             last_observed_time: Some(s.last_observed_time),
         }),
+    }
+}
+
+/// The events.k8s.io/v1 view of a stored core/v1 Event (the inverse of [`as_core`]). A
+/// core series without its time is dropped: events.k8s.io/v1 requires both fields.
+pub fn as_events_v1(e: Event) -> eventsv1::Event {
+    let series = e.series.and_then(|s| {
+        Some(eventsv1::EventSeries {
+            count: s.count.unwrap_or(0),
+            last_observed_time: s.last_observed_time?,
+        })
+    });
+    eventsv1::Event {
+        metadata: e.metadata,
+        regarding: Some(e.involved_object),
+        related: e.related,
+        note: e.message,
+        reason: e.reason,
+        type_: e.type_,
+        action: e.action,
+        deprecated_count: e.count,
+        deprecated_first_timestamp: e.first_timestamp,
+        deprecated_last_timestamp: e.last_timestamp,
+        deprecated_source: e.source,
+        event_time: e.event_time,
+        reporting_controller: e.reporting_component,
+        reporting_instance: e.reporting_instance,
+        series,
     }
 }
 
@@ -299,24 +329,47 @@ pub fn core_field(v: &Value, field: &str) -> Option<String> {
     }
 }
 
-/// events.k8s.io/v1 accepts the same selectors under both names (`regarding.*` and the
-/// core names it converts to).
-pub fn events_v1_field(v: &Value, field: &str) -> Option<String> {
-    let sub = field
+/// The core/v1 field an events.k8s.io/v1 field selector names (Kubernetes' field label
+/// conversion for events.k8s.io/v1: `regarding.*` -> `involvedObject.*`,
+/// `reportingController` -> `reportingComponent`); the core names are accepted as they are.
+pub fn core_field_label(field: &str) -> Option<&'static str> {
+    let involved = |sub: &str| {
+        Some(match sub {
+            "kind" => "involvedObject.kind",
+            "namespace" => "involvedObject.namespace",
+            "name" => "involvedObject.name",
+            "uid" => "involvedObject.uid",
+            "apiVersion" => "involvedObject.apiVersion",
+            "resourceVersion" => "involvedObject.resourceVersion",
+            "fieldPath" => "involvedObject.fieldPath",
+            _ => return None,
+        })
+    };
+    if let Some(sub) = field
         .strip_prefix("regarding.")
-        .or_else(|| field.strip_prefix("involvedObject."));
-    if let Some(sub) = sub {
-        return INVOLVED
-            .contains(&sub)
-            .then(|| scalar_at(v, &format!("/regarding/{sub}")));
+        .or_else(|| field.strip_prefix("involvedObject."))
+    {
+        return involved(sub);
     }
-    match field {
-        "reason" => Some(scalar_at(v, "/reason")),
-        "type" => Some(scalar_at(v, "/type")),
-        "reportingController" | "reportingComponent" => Some(scalar_at(v, "/reportingController")),
-        "source" | "deprecatedSource" => Some(scalar_at(v, "/deprecatedSource/component")),
-        _ => meta_field(v, field),
-    }
+    Some(match field {
+        "reason" => "reason",
+        "type" => "type",
+        "reportingController" | "reportingComponent" => "reportingComponent",
+        "deprecatedSource" | "source" => "source",
+        "metadata.name" => "metadata.name",
+        "metadata.namespace" => "metadata.namespace",
+        _ => return None,
+    })
+}
+
+/// events.k8s.io/v1 field selectors: the core field each names, on the core shape.
+pub fn events_v1_field(v: &Value, field: &str) -> Option<String> {
+    let label = core_field_label(field)?;
+    let core = decode::<eventsv1::Event>(v)
+        .ok()
+        .and_then(|e| serde_json::to_value(as_core(e)).ok())
+        .unwrap_or(Value::Null);
+    core_field(&core, label)
 }
 
 #[cfg(test)]
@@ -417,6 +470,57 @@ mod tests {
                 "action: Required value"
             ]
         );
+    }
+
+    #[test]
+    fn both_shapes_convert_into_each_other() {
+        let v1: eventsv1::Event = decode(&json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "e", "namespace": "default", "resourceVersion": "7"},
+            "eventTime": "2025-01-01T11:58:00.000000Z",
+            "series": {"count": 4, "lastObservedTime": "2025-01-01T11:59:30.000000Z"},
+            "regarding": {"kind": "Pod", "name": "web-1", "namespace": "default", "fieldPath": "spec.containers{c}"},
+            "related": {"kind": "Node", "name": "n1"},
+            "reason": "Pulling", "action": "Pull", "note": "Pulling image", "type": "Normal",
+            "reportingController": "kubelet", "reportingInstance": "node-1",
+            "deprecatedSource": {"component": "kubelet", "host": "node-1"},
+            "deprecatedFirstTimestamp": "2025-01-01T11:58:00Z",
+            "deprecatedLastTimestamp": "2025-01-01T11:59:30Z", "deprecatedCount": 4}))
+        .unwrap();
+        let core = as_core(v1.clone());
+        assert_eq!(core.involved_object.name.as_deref(), Some("web-1"));
+        assert_eq!(core.message.as_deref(), Some("Pulling image"));
+        assert_eq!(core.reporting_component.as_deref(), Some("kubelet"));
+        assert_eq!(
+            core.source.as_ref().unwrap().host.as_deref(),
+            Some("node-1")
+        );
+        assert_eq!(core.count, Some(4));
+        assert_eq!(core.series.as_ref().unwrap().count, Some(4));
+        assert_eq!(as_events_v1(core), v1, "a round trip loses nothing");
+
+        let legacy: Event = decode(&scheduled()).unwrap();
+        let view = as_events_v1(legacy.clone());
+        assert_eq!(view.regarding.as_ref().unwrap().uid.as_deref(), Some("u-1"));
+        assert_eq!(
+            view.deprecated_source
+                .as_ref()
+                .unwrap()
+                .component
+                .as_deref(),
+            Some("default-scheduler")
+        );
+        assert_eq!(view.deprecated_count, Some(1));
+        assert_eq!(as_core(view), legacy);
+        assert_eq!(
+            core_field_label("regarding.name"),
+            Some("involvedObject.name")
+        );
+        assert_eq!(
+            core_field_label("reportingController"),
+            Some("reportingComponent")
+        );
+        assert_eq!(core_field_label("note"), None);
+        assert_eq!(core_field_label("regarding.bogus"), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod common;
 mod coordination;
 mod core;
 mod discovery;
-mod events;
+pub mod events;
 mod node;
 mod pod;
 mod service;
