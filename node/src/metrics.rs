@@ -14,6 +14,10 @@ pub struct Metrics {
     pub pod_status_writes: Counter,
     pub api_errors: Counter,
     pub events_sent: Counter,
+    /// Repeats of an Event written as an update of its count.
+    pub events_aggregated: Counter,
+    /// Events dropped by the per-object rate limit.
+    pub events_dropped: Counter,
     /// Seconds from a pod's first sight to the first status with phase Running.
     pub pod_start_seconds: Histogram,
     pub runtime_gc_removed: Counter,
@@ -28,6 +32,8 @@ impl Default for Metrics {
             pod_status_writes: Counter::default(),
             api_errors: Counter::default(),
             events_sent: Counter::default(),
+            events_aggregated: Counter::default(),
+            events_dropped: Counter::default(),
             pod_start_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
             runtime_gc_removed: Counter::default(),
         };
@@ -39,6 +45,16 @@ impl Default for Metrics {
         );
         registry.register("api_errors", "Failed API requests", m.api_errors.clone());
         registry.register("events", "Events sent to the API", m.events_sent.clone());
+        registry.register(
+            "events_aggregated",
+            "Repeated Events written as a count update",
+            m.events_aggregated.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events dropped by the per-object rate limit",
+            m.events_dropped.clone(),
+        );
         registry.register(
             "pod_start_seconds",
             "Pod first seen to Running",

@@ -1,15 +1,18 @@
 //! The real kubectl (1.33) against an in-process API server and a real node agent with its
 //! own containerd: `kubectl exec` (output, stdin, exit codes; kubectl's WebSocket attempt is
 //! refused and it falls back to SPDY) and `kubectl logs` (-f, --tail, --previous), through
-//! the API server's pods/exec and pods/log relays to the agent's kubelet API.
+//! the API server's pods/exec and pods/log relays to the agent's kubelet API; and the
+//! agent's repeated Events as one Event with a count, as `kubectl describe` shows them.
 
 mod common;
 
 use common::cluster::{running_ready, Cluster, T};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
 use serde_json::json;
 use skiff_tests::kubectl::{Kubectl, Run};
 use skiff_tests::registry::ECHO_IMAGE;
-use skiff_tests::wait_until;
+use skiff_tests::{wait_until, wait_until_async};
 use std::io::Read;
 use std::process::Child;
 use std::sync::{Arc, Mutex};
@@ -207,4 +210,73 @@ async fn kubectl_exec_and_logs_reach_the_container() {
     let current = kubectl_ok(&k, &["logs", "web"]);
     assert!(current.contains("echo: serving on :8080"), "{current}");
     assert!(!current.contains("a followed line"), "{current}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeated_events_are_one_event_with_a_count() {
+    let c = Cluster::start("events").await;
+    c.assign_pod_cidr().await;
+    // A readiness probe that fails the same way every second: nothing listens on 8081.
+    c.create_pod(
+        "unready",
+        json!({"containers": [{"name": "echo", "image": ECHO_IMAGE,
+            "readinessProbe": {"tcpSocket": {"port": 8081}, "periodSeconds": 1}}]}),
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(c.client.clone(), "default");
+    let selector = ListParams::default().fields("involvedObject.name=unready,reason=Unhealthy");
+    let unhealthy = wait_until_async("one Unhealthy Event counted 4 times", T, || {
+        let (events, selector) = (events.clone(), selector.clone());
+        async move {
+            let list = events.list(&selector).await.map_err(|e| e.to_string())?;
+            match list.items.as_slice() {
+                [one] if one.count.unwrap_or(0) >= 4 => Ok(one.clone()),
+                other => Err(format!(
+                    "{:?}",
+                    other
+                        .iter()
+                        .map(|e| (&e.metadata.name, e.count))
+                        .collect::<Vec<_>>()
+                )),
+            }
+        }
+    })
+    .await;
+    let message = unhealthy.message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with("Readiness probe failed: dial tcp ") && message.contains(":8081: "),
+        "{message}"
+    );
+    assert!(
+        unhealthy.first_timestamp < unhealthy.last_timestamp,
+        "{unhealthy:?}"
+    );
+    assert_eq!(
+        unhealthy.involved_object.field_path.as_deref(),
+        Some("spec.containers{echo}")
+    );
+
+    let k = Kubectl::new(&c.kubeconfig(), &c.scratch());
+    let describe = kubectl_ok(&k, &["describe", "pod", "unready"]);
+    let line = describe
+        .lines()
+        .find(|l| l.contains("Unhealthy"))
+        .unwrap_or_else(|| panic!("an Unhealthy event in:\n{describe}"));
+    assert!(
+        line.contains("(x") && line.contains(" over "),
+        "a count in kubectl describe: {line}"
+    );
+    let wide = kubectl_ok(
+        &k,
+        &[
+            "get",
+            "events",
+            "-o",
+            "wide",
+            "--field-selector",
+            "reason=Unhealthy",
+        ],
+    );
+    assert!(wide.contains("COUNT"), "{wide}");
+    assert_eq!(wide.lines().count(), 2, "one Event:\n{wide}");
 }

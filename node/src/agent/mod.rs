@@ -3,6 +3,7 @@
 //! Everything it knows comes from watches on the API server; everything it says goes back
 //! through the API.
 
+mod events;
 mod node_status;
 pub mod pods;
 mod report;

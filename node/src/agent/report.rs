@@ -1,6 +1,7 @@
 //! The pod workers' outputs written to the API: statuses (coalesced per pod, so a burst of
-//! changes is one write), Events, and the final removal of a gracefully deleted pod; and their
-//! inputs read from it: ConfigMaps and Secrets.
+//! changes is one write), Events (through the correlating writer in `events.rs`), and the
+//! final removal of a gracefully deleted pod; and their inputs read from it: ConfigMaps and
+//! Secrets.
 
 use crate::metrics::Metrics;
 use crate::names::NodeName;
@@ -11,7 +12,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Event, EventSource, ObjectReference, Pod, PodStatus, Secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::Client;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,8 +28,9 @@ enum Out {
 /// The [`Reporter`] the agent gives its workers: queues to one writer task.
 pub struct ApiReporter {
     tx: mpsc::UnboundedSender<Out>,
+    node: NodeName,
     /// Events go through a queue of their own, in order, so they never delay a status.
-    events: mpsc::UnboundedSender<(PodRef, PodEvent, Time)>,
+    events: mpsc::UnboundedSender<Event>,
 }
 
 impl Reporter for ApiReporter {
@@ -38,7 +40,7 @@ impl Reporter for ApiReporter {
             .send(Out::Status(pod.clone(), Box::new(status.clone())));
     }
     fn event(&self, pod: &PodRef, event: PodEvent) {
-        let _ = self.events.send((pod.clone(), event, now()));
+        let _ = self.events.send(pod_event(&self.node, pod, event, now()));
     }
     fn terminated(&self, pod: &PodRef) {
         let _ = self.tx.send(Out::Terminated(pod.clone()));
@@ -77,15 +79,11 @@ pub fn start(
     starts: Arc<StartTimes>,
 ) -> ApiReporter {
     let (tx, rx) = mpsc::unbounded_channel();
-    let (events, mut events_rx) = mpsc::unbounded_channel::<(PodRef, PodEvent, Time)>();
+    let (events, events_rx) = mpsc::unbounded_channel();
     let (c, m) = (client.clone(), metrics.clone());
-    tokio::spawn(async move {
-        while let Some((p, e, at)) = events_rx.recv().await {
-            send_event(&c, &node, &p, e, at, &m).await;
-        }
-    });
+    tokio::spawn(async move { super::events::run(c, events_rx, &m).await });
     tokio::spawn(writer(client, metrics, starts, rx));
-    ApiReporter { tx, events }
+    ApiReporter { tx, node, events }
 }
 
 async fn writer(
@@ -150,17 +148,10 @@ async fn write_status(client: &Client, p: &PodRef, status: PodStatus, metrics: &
     };
 }
 
-async fn send_event(
-    client: &Client,
-    node: &NodeName,
-    p: &PodRef,
-    e: PodEvent,
-    t: Time,
-    metrics: &Metrics,
-) {
-    let api: Api<Event> = Api::namespaced(client.clone(), &p.namespace);
+/// The Event the kubelet writes for `e`, emitted at `t`, named `<pod>.<unique suffix>`.
+fn pod_event(node: &NodeName, p: &PodRef, e: PodEvent, t: Time) -> Event {
     let suffix: u64 = rand::random();
-    let event = Event {
+    Event {
         metadata: ObjectMeta {
             name: Some(format!("{}.{:016x}", p.name, suffix)),
             namespace: Some(p.namespace.clone()),
@@ -188,15 +179,6 @@ async fn send_event(
         last_timestamp: Some(t),
         count: Some(1),
         ..Default::default()
-    };
-    match api.create(&PostParams::default(), &event).await {
-        Ok(_) => {
-            metrics.events_sent.inc();
-        }
-        Err(err) => {
-            metrics.api_errors.inc();
-            warn!(pod = %p, error = %err, "sending an event failed")
-        }
     }
 }
 
