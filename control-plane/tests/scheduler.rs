@@ -117,7 +117,10 @@ impl Fixture {
             "spec": spec,
         }))
         .unwrap();
-        self.pods().create(&PostParams::default(), &pod).await.unwrap();
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -228,10 +231,14 @@ async fn pods_spread_over_three_nodes_and_say_where_they_went() {
     assert_eq!(condition.status, "True");
 
     // What a user sees.
-    let out = f.kubectl().run(&["get", "events", "--sort-by=.metadata.creationTimestamp"]);
+    let out = f
+        .kubectl()
+        .run(&["get", "events", "--sort-by=.metadata.creationTimestamp"]);
     assert!(out.success, "{}", out.stderr);
     assert!(out.stdout.contains("Scheduled"), "{}", out.stdout);
-    assert!(out.stdout.contains(&format!("Successfully assigned default/web-1 to {node}")));
+    assert!(out
+        .stdout
+        .contains(&format!("Successfully assigned default/web-1 to {node}")));
     let out = f.kubectl().run(&["get", "pods", "-o", "wide"]);
     assert!(out.stdout.contains(&node), "{}", out.stdout);
 
@@ -244,7 +251,10 @@ async fn pods_spread_over_three_nodes_and_say_where_they_went() {
         }
     })
     .await;
-    assert!(running.metrics.render().contains("scheduler_pod_scheduling_sli_duration_seconds_count 3"));
+    assert!(running
+        .metrics
+        .render()
+        .contains("scheduler_pod_scheduling_sli_duration_seconds_count 3"));
     running.stop().await;
 }
 
@@ -286,14 +296,22 @@ async fn too_large_pods_fail_with_the_reason_then_fit_on_a_bigger_node() {
     let out = f.kubectl().run(&["describe", "pod", "big"]);
     assert!(out.success, "{}", out.stderr);
     assert!(out.stdout.contains("FailedScheduling"), "{}", out.stdout);
-    assert!(out.stdout.contains("0/2 nodes are available: 2 Insufficient cpu."), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("0/2 nodes are available: 2 Insufficient cpu."),
+        "{}",
+        out.stdout
+    );
     assert!(f.node_of("big").await.is_none());
 
     // A node that is still too small changes nothing; a big one takes the pod.
     f.node("small-3", "2", Value::Null, Value::Null).await;
     f.node("large", "8", Value::Null, Value::Null).await;
     assert_eq!(f.bound("big").await, "large");
-    assert!(running.metrics.render().contains("scheduler_queue_incoming_pods_total{event=\"NodeAdd\"} 1"));
+    assert!(running
+        .metrics
+        .render()
+        .contains("scheduler_queue_incoming_pods_total{event=\"NodeAdd\"} 1"));
     running.stop().await;
 }
 
@@ -307,7 +325,8 @@ async fn taints_tolerations_and_node_selectors_are_honoured() {
         json!([{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]),
     )
     .await;
-    f.node("ssd", "4", json!({"disk": "ssd"}), Value::Null).await;
+    f.node("ssd", "4", json!({"disk": "ssd"}), Value::Null)
+        .await;
     f.node("plain", "4", Value::Null, Value::Null).await;
     let running = f.scheduler(fast_config());
 
@@ -321,10 +340,15 @@ async fn taints_tolerations_and_node_selectors_are_honoured() {
     )
     .await;
     f.pod("db", json!({"nodeSelector": {"disk": "ssd"}})).await;
-    f.pod("nowhere", json!({"nodeSelector": {"disk": "nvme"}})).await;
+    f.pod("nowhere", json!({"nodeSelector": {"disk": "nvme"}}))
+        .await;
 
     for i in 0..6 {
-        assert_ne!(f.bound(&format!("any-{i}")).await, "gpu", "the taint keeps plain pods off");
+        assert_ne!(
+            f.bound(&format!("any-{i}")).await,
+            "gpu",
+            "the taint keeps plain pods off"
+        );
     }
     assert_eq!(f.bound("trainer").await, "gpu");
     assert_eq!(f.bound("db").await, "ssd");
@@ -362,11 +386,14 @@ async fn anti_affinity_keeps_replicas_apart_until_one_goes() {
     }
     assert_eq!(placed.len(), 3, "{placed:?}");
     // A pod without terms of its own is kept off by the existing pods' anti-affinity.
-    f.pod_labelled("plain-web", json!({"app": "web"}), json!({})).await;
+    f.pod_labelled("plain-web", json!({"app": "web"}), json!({}))
+        .await;
     let failed = f.event("plain-web", "FailedScheduling").await;
     assert_eq!(
         failed.message.as_deref(),
-        Some("0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules.")
+        Some(
+            "0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules."
+        )
     );
     f.pod_labelled("db", json!({"app": "db"}), json!({})).await;
     f.bound("db").await;
@@ -421,16 +448,26 @@ async fn only_the_leader_schedules_and_a_standby_takes_over() {
             .filter(|h| !h.is_empty())
             .ok_or("no holder")
     };
-    assert_eq!(wait_until_async("a leads", WAIT, holder).await, "scheduler-a");
+    assert_eq!(
+        wait_until_async("a leads", WAIT, holder).await,
+        "scheduler-a"
+    );
     let b = f.scheduler(election("scheduler-b"));
     f.pod("p1", json!({})).await;
     f.bound("p1").await;
     assert_eq!(a.metrics.attempts(AttemptResult::Scheduled), 1);
-    assert_eq!(b.metrics.attempts(AttemptResult::Scheduled), 0, "the standby never acts");
+    assert_eq!(
+        b.metrics.attempts(AttemptResult::Scheduled),
+        0,
+        "the standby never acts"
+    );
 
     // The leader stops (and releases the lease): the standby takes over.
     a.stop().await;
-    assert_eq!(wait_until_async("b leads", WAIT, holder).await, "scheduler-b");
+    assert_eq!(
+        wait_until_async("b leads", WAIT, holder).await,
+        "scheduler-b"
+    );
     f.pod("p2", json!({})).await;
     f.bound("p2").await;
     assert_eq!(b.metrics.attempts(AttemptResult::Scheduled), 1);

@@ -49,8 +49,11 @@ fn start(kubeconfig: &std::path::Path, port: u16) -> Proc {
 
 fn get(port: u16, path: &str) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(|e| e.to_string())?;
     let code = out
@@ -58,7 +61,10 @@ fn get(port: u16, path: &str) -> Result<(u16, String), String> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| format!("bad response: {out}"))?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((code, body))
 }
 
@@ -73,9 +79,12 @@ fn sigterm(p: &Proc) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scheduler_process_binds_serves_metrics_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(ApiConfig::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap()))
-        .await
-        .unwrap();
+    let server = Server::start(ApiConfig::new(
+        dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+    ))
+    .await
+    .unwrap();
     let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
         .await
         .unwrap();
@@ -112,14 +121,22 @@ async fn the_scheduler_process_binds_serves_metrics_and_survives_a_restart() {
 
     let port = free_port();
     let mut p = start(server.kubeconfig_path(), port);
-    pods.create(&PostParams::default(), &pod("first")).await.unwrap();
+    pods.create(&PostParams::default(), &pod("first"))
+        .await
+        .unwrap();
     let first = bound("first").await;
     let (code, body) = wait_until("healthz", WAIT, || get(port, "/healthz"));
     assert_eq!((code, body.as_str()), (200, "ok"));
     let (code, metrics) = get(port, "/metrics").unwrap();
     assert_eq!(code, 200);
-    assert!(metrics.contains("scheduler_schedule_attempts_total{result=\"scheduled\"} 1"), "{metrics}");
-    assert!(metrics.contains("scheduler_pending_pods{queue=\"active\"}"), "{metrics}");
+    assert!(
+        metrics.contains("scheduler_schedule_attempts_total{result=\"scheduled\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("scheduler_pending_pods{queue=\"active\"}"),
+        "{metrics}"
+    );
 
     sigterm(&p);
     let status = wait_until("the scheduler to exit", WAIT, || match p.0.try_wait() {
@@ -131,7 +148,9 @@ async fn the_scheduler_process_binds_serves_metrics_and_survives_a_restart() {
     // A new process learns from the watch that `first` holds its node's only cpu.
     let port = free_port();
     p = start(server.kubeconfig_path(), port);
-    pods.create(&PostParams::default(), &pod("second")).await.unwrap();
+    pods.create(&PostParams::default(), &pod("second"))
+        .await
+        .unwrap();
     let second = bound("second").await;
     assert_ne!(first, second);
     drop(p);

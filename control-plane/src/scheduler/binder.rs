@@ -44,14 +44,23 @@ impl Binder {
             },
         };
         self.api(pod)
-            .create_subresource::<_, Status>("binding", pod.name(), &PostParams::default(), &binding)
+            .create_subresource::<_, Status>(
+                "binding",
+                pod.name(),
+                &PostParams::default(),
+                &binding,
+            )
             .await
             .map(|_| ())
     }
 
     /// Sets PodScheduled=False, reason Unschedulable, with `message`, unless the pod already
     /// says exactly that (a retry that fails the same way writes nothing).
-    pub async fn mark_unschedulable(&self, pod: &PodInfo, message: &str) -> Result<(), kube::Error> {
+    pub async fn mark_unschedulable(
+        &self,
+        pod: &PodInfo,
+        message: &str,
+    ) -> Result<(), kube::Error> {
         let current = pod
             .pod
             .status
@@ -74,7 +83,11 @@ impl Binder {
             "lastTransitionTime": Time(Timestamp::now()),
         }]}});
         self.api(pod)
-            .patch_status(pod.name(), &PatchParams::default(), &Patch::Strategic(&patch))
+            .patch_status(
+                pod.name(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
             .await
             .map(|_| ())
     }

@@ -54,7 +54,12 @@ impl Scheduler {
     }
 
     /// Schedules pods until `stop` is cancelled (blocking: run it on its own thread).
-    pub fn scheduling_loop(self: &Arc<Self>, algorithm: &mut Algorithm, rt: &Handle, stop: &CancellationToken) {
+    pub fn scheduling_loop(
+        self: &Arc<Self>,
+        algorithm: &mut Algorithm,
+        rt: &Handle,
+        stop: &CancellationToken,
+    ) {
         tracing::info!("scheduling loop started");
         while let Some(qp) = self.queue.pop(&|| stop.is_cancelled()) {
             self.schedule_one(algorithm, rt, qp);
@@ -70,7 +75,8 @@ impl Scheduler {
             return;
         }
         let started = Instant::now();
-        self.metrics.queue_wait(started.saturating_duration_since(qp.activated));
+        self.metrics
+            .queue_wait(started.saturating_duration_since(qp.activated));
         let result = {
             let mut cache = self.cache();
             let r = algorithm.schedule(&mut cache, &pod);
@@ -94,14 +100,26 @@ impl Scheduler {
         }
     }
 
-    fn unschedulable(self: &Arc<Self>, rt: &Handle, qp: QueuedPod, failure: Failure, started: Instant) {
+    fn unschedulable(
+        self: &Arc<Self>,
+        rt: &Handle,
+        qp: QueuedPod,
+        failure: Failure,
+        started: Instant,
+    ) {
         let pod = qp.info;
         let message = failure.to_string();
         tracing::info!(pod = %pod.key(), attempts = qp.attempts, reason = %message, "unable to schedule pod; waiting");
-        self.queue.requeue_unschedulable(&pod.uid, failure.rejected_by());
-        self.metrics.attempt(AttemptResult::Unschedulable, started.elapsed());
-        self.recorder
-            .event(pod.pod.as_ref(), EventType::Warning, "FailedScheduling", message.clone());
+        self.queue
+            .requeue_unschedulable(&pod.uid, failure.rejected_by());
+        self.metrics
+            .attempt(AttemptResult::Unschedulable, started.elapsed());
+        self.recorder.event(
+            pod.pod.as_ref(),
+            EventType::Warning,
+            "FailedScheduling",
+            message.clone(),
+        );
         let binder = self.binder.clone();
         rt.spawn(async move {
             if let Err(e) = binder.mark_unschedulable(&pod, &message).await {
@@ -124,7 +142,8 @@ impl Scheduler {
                 let now = Instant::now();
                 self.cache().finish_binding(&pod.uid, now);
                 self.queue.done(&pod.uid);
-                self.metrics.attempt(AttemptResult::Scheduled, now - started);
+                self.metrics
+                    .attempt(AttemptResult::Scheduled, now - started);
                 self.metrics.scheduled_after(now - qp.first_queued);
                 tracing::debug!(pod = %pod.key(), node = %decision.node, evaluated = decision.evaluated,
                     feasible = decision.feasible, "bound");
@@ -138,7 +157,8 @@ impl Scheduler {
             Err(e) => {
                 self.cache().forget(&pod.uid);
                 self.queue.requeue_backoff(&pod.uid);
-                self.metrics.attempt(AttemptResult::Error, started.elapsed());
+                self.metrics
+                    .attempt(AttemptResult::Error, started.elapsed());
                 let gone = matches!(&e, kube::Error::Api(s) if s.code == 404);
                 tracing::info!(pod = %pod.key(), node = %decision.node, error = %e, "binding failed");
                 if !gone {

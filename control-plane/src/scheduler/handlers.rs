@@ -30,7 +30,12 @@ fn finished(p: &Pod) -> bool {
 }
 
 fn uid(p: &Pod) -> PodUid {
-    PodUid(Arc::from(p.metadata.uid.as_deref().unwrap_or_else(|| p.metadata.name.as_deref().unwrap_or(""))))
+    PodUid(Arc::from(
+        p.metadata
+            .uid
+            .as_deref()
+            .unwrap_or_else(|| p.metadata.name.as_deref().unwrap_or("")),
+    ))
 }
 
 impl Scheduler {
@@ -121,10 +126,12 @@ impl Scheduler {
     pub fn on_namespace(&self, change: &Change<Namespace>) {
         match change {
             Change::Added(ns) => {
-                self.cache().set_namespace(&ns.name_any(), ns.labels().clone());
+                self.cache()
+                    .set_namespace(&ns.name_any(), ns.labels().clone());
             }
             Change::Updated { old, new } => {
-                self.cache().set_namespace(&new.name_any(), new.labels().clone());
+                self.cache()
+                    .set_namespace(&new.name_any(), new.labels().clone());
                 if old.labels() != new.labels() {
                     self.event(ClusterEvent::NamespaceChanged);
                 }

@@ -44,7 +44,11 @@ const POD_FIELDS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 /// `config.scheduler_name`. With leader election configured it schedules only while it holds
 /// the lease (the caches stay warm meanwhile). Returns once everything it started has
 /// stopped.
-pub async fn run(client: Client, config: Config, shutdown: CancellationToken) -> Result<(), SchedulerError> {
+pub async fn run(
+    client: Client,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), SchedulerError> {
     if let Some(le) = &config.leader_election {
         le.validate().map_err(SchedulerError::LeaderElection)?;
     }
@@ -79,14 +83,21 @@ pub async fn run(client: Client, config: Config, shutdown: CancellationToken) ->
         tokio::spawn(namespaces.clone().run(token.clone())),
         tokio::spawn(nodes.clone().run(token.clone())),
         tokio::spawn(pods.clone().run(token.clone())),
-        tokio::spawn(housekeeping(sched.clone(), config.assumed_ttl, token.clone())),
+        tokio::spawn(housekeeping(
+            sched.clone(),
+            config.assumed_ttl,
+            token.clone(),
+        )),
     ];
 
     let runtime_metrics = crate::runtime::Metrics::new();
-    let elector = config
-        .leader_election
-        .clone()
-        .map(|le| Arc::new(LeaderElector::new(client.clone(), le, runtime_metrics.clone())));
+    let elector = config.leader_election.clone().map(|le| {
+        Arc::new(LeaderElector::new(
+            client.clone(),
+            le,
+            runtime_metrics.clone(),
+        ))
+    });
     if let Some(addr) = config.ops_listen {
         let listener = TcpListener::bind(addr)
             .await
@@ -112,7 +123,9 @@ pub async fn run(client: Client, config: Config, shutdown: CancellationToken) ->
             });
         }
         let m = config.metrics.clone();
-        let o = o.metrics(move || m.render()).metrics(move || runtime_metrics.render());
+        let o = o
+            .metrics(move || m.render())
+            .metrics(move || runtime_metrics.render());
         tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving health and metrics");
         tasks.push(tokio::spawn(ops::serve(listener, o, token.clone())));
     }
@@ -129,7 +142,9 @@ pub async fn run(client: Client, config: Config, shutdown: CancellationToken) ->
     };
     if ready {
         tracing::info!(took = ?started.elapsed(), nodes = nodes.len(), pods = pods.len(), "caches synced");
-        let lead = |term: CancellationToken| lead(sched.clone(), config.percentage_of_nodes_to_score, term);
+        let lead = |term: CancellationToken| {
+            lead(sched.clone(), config.percentage_of_nodes_to_score, term)
+        };
         match &elector {
             Some(e) => e.run(shutdown.clone(), lead).await,
             None => lead(shutdown.clone()).await,
@@ -176,7 +191,10 @@ async fn housekeeping(sched: Arc<Scheduler>, ttl: Duration, token: CancellationT
             let mut cache = sched.cache();
             let expired = cache.expire_assumed(Instant::now(), ttl);
             if expired > 0 {
-                tracing::warn!(expired, "assumed pods never confirmed by the watch; dropped");
+                tracing::warn!(
+                    expired,
+                    "assumed pods never confirmed by the watch; dropped"
+                );
             }
             (cache.node_count(), cache.pod_count(), cache.assumed_count())
         };
