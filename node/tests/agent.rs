@@ -85,7 +85,8 @@ async fn pods_run_report_and_survive_an_agent_restart() {
         .wait_pod("web", "web Running and Ready", running_ready)
         .await;
     let ip = pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
-    let body = http_get(&format!("{ip}:8080"), "/").await.unwrap();
+    // Ready (no readiness probe) means started, not yet listening: wait for the first answer.
+    let body = wait_until_async("web answers", T, || http_get_owned(format!("{ip}:8080"))).await;
     assert!(body.starts_with("pod=web "), "{body}");
 
     let events: Api<Event> = Api::namespaced(c.client.clone(), "default");
@@ -235,6 +236,10 @@ async fn pods_run_report_and_survive_an_agent_restart() {
     })
     .await;
 }
+async fn http_get_owned(addr: String) -> Result<String, String> {
+    http_get(&addr, "/").await
+}
+
 /// The raw response head and body, without following redirects.
 async fn raw_get(addr: &str, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -86,7 +86,7 @@ async fn kubectl_exec_and_logs_reach_the_container() {
         "web",
         json!({"containers": [{"name": "echo", "image": ECHO_IMAGE,
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080},
-                              "periodSeconds": 1, "failureThreshold": 1}}]}),
+                              "periodSeconds": 1, "failureThreshold": 3}}]}),
     )
     .await;
     c.wait_pod("web", "web Running and Ready", running_ready)

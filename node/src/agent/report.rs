@@ -148,12 +148,12 @@ async fn write_status(client: &Client, p: &PodRef, status: PodStatus, metrics: &
     };
 }
 
-/// The Event the kubelet writes for `e`, emitted at `t`, named `<pod>.<unique suffix>`.
+/// The Event the kubelet writes for `e`, emitted at `t`, named `<pod>.<t in hex nanoseconds>`
+/// as client-go names them: a pod's Events list (in name order) in the order they happened.
 fn pod_event(node: &NodeName, p: &PodRef, e: PodEvent, t: Time) -> Event {
-    let suffix: u64 = rand::random();
     Event {
         metadata: ObjectMeta {
-            name: Some(format!("{}.{:016x}", p.name, suffix)),
+            name: Some(format!("{}.{:x}", p.name, t.0.as_nanosecond())),
             namespace: Some(p.namespace.clone()),
             ..Default::default()
         },
