@@ -6,6 +6,7 @@ pub mod client;
 pub mod node;
 pub mod plot;
 pub mod proxy;
+pub mod scheduler;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
@@ -15,6 +16,9 @@ pub enum BenchCmd {
     Proxy(proxy::Opts),
     /// The node agent: pod startup latency (bound -> Running/Ready) for 1, 10, 50 pods.
     Node(node::Opts),
+    /// The scheduler: pods bound per second and latency at 100 to 5,000 nodes, 1,000 to
+    /// 30,000 pods, against the decision rate in-process.
+    Scheduler(scheduler::Opts),
 }
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -22,5 +26,6 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Api(opts) => api::run_bench(opts),
         BenchCmd::Proxy(opts) => proxy::run_bench(opts),
         BenchCmd::Node(opts) => node::run_bench(opts),
+        BenchCmd::Scheduler(opts) => scheduler::run_bench(opts),
     }
 }
