@@ -89,6 +89,7 @@ async fn main() -> Result<()> {
             let runtime = RuntimeSettings {
                 sandbox_image: pause_image,
                 insecure_registries: insecure_registry,
+                stream_address: node_ip.map_or(Ipv4Addr::LOCALHOST, |ip| ip).into(),
             };
             let mut config = AgentConfig::new(NodeName::new(name), data_dir, runtime);
             config.cri_socket = cri_socket;
@@ -111,6 +112,7 @@ async fn main() -> Result<()> {
             let runtime = RuntimeSettings {
                 sandbox_image: pause_image,
                 insecure_registries: vec![],
+                stream_address: Ipv4Addr::LOCALHOST.into(),
             };
             node::agent::reset(&NodeName::new(name), &Layout::new(data_dir), &runtime).await?;
         }

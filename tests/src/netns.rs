@@ -38,10 +38,12 @@ pub fn must(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A network namespace (`ip netns add`), deleted on Drop.
+/// A network namespace (`ip netns add`), deleted on Drop unless it was made with
+/// [`NetNs::create_kept`] or opened with [`NetNs::open`].
 pub struct NetNs {
     name: String,
     file: File,
+    kept: bool,
 }
 
 impl NetNs {
@@ -51,9 +53,48 @@ impl NetNs {
         must(Command::new("ip").args(["netns", "add", &name]));
         let file = File::open(format!("/run/netns/{name}"))
             .unwrap_or_else(|e| panic!("opening /run/netns/{name}: {e}"));
-        let ns = NetNs { name, file };
+        let ns = NetNs {
+            name,
+            file,
+            kept: false,
+        };
         ns.ip(&["link", "set", "lo", "up"]);
         ns
+    }
+
+    /// A namespace named exactly `name` (loopback up) that outlives this handle: a cluster's
+    /// node stays when the command that made it exits. Fails if it exists already.
+    pub fn create_kept(name: &str) -> std::io::Result<NetNs> {
+        let out = Command::new("ip").args(["netns", "add", name]).output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "ip netns add {name}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let ns = NetNs::open(name)?;
+        let up = Command::new("ip")
+            .args(["-n", name, "link", "set", "lo", "up"])
+            .status()?;
+        if !up.success() {
+            return Err(std::io::Error::other(format!("{name}: loopback up failed")));
+        }
+        Ok(ns)
+    }
+
+    /// An existing namespace, left in place on Drop.
+    pub fn open(name: &str) -> std::io::Result<NetNs> {
+        let file = File::open(format!("/run/netns/{name}"))?;
+        Ok(NetNs {
+            name: name.to_string(),
+            file,
+            kept: true,
+        })
+    }
+
+    /// Deletes the namespace `name` if it exists (what [`NetNs::create_kept`] made).
+    pub fn delete(name: &str) {
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
     }
 
     pub fn name(&self) -> &str {
@@ -74,12 +115,16 @@ impl NetNs {
     }
 
     /// Makes an existing command enter the namespace before it executes.
+    /// The command owns a duplicate of the namespace's fd, so it may outlive this handle.
     pub fn enter_before_exec(&self, cmd: &mut Command) {
-        let fd = self.file.as_raw_fd();
-        // SAFETY: setns is async-signal-safe; fd stays open in the child until exec.
+        let owned = self
+            .file
+            .try_clone()
+            .unwrap_or_else(|e| panic!("duplicating the fd of netns {}: {e}", self.name));
+        // SAFETY: setns is async-signal-safe; the closure owns the fd, open until exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                if libc::setns(owned.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -206,9 +251,14 @@ fn answer_http(mut conn: TcpStream, body: &str) {
 /// An HTTP/1.0 GET to `addr`; returns the body, read by its Content-Length, and closes
 /// first.
 pub fn http_get(addr: SocketAddr, timeout: Duration) -> std::io::Result<String> {
+    http_get_path(addr, "/", timeout)
+}
+
+/// [`http_get`] of `path`.
+pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: skiff\r\n\r\n")?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: skiff\r\n\r\n")?;
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -280,6 +330,9 @@ impl Drop for Server {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();

@@ -33,8 +33,24 @@ enum Command {
     #[command(hide = true)]
     #[command(subcommand)]
     BenchClient(bench::client::ClientCmd),
-    /// Bring skiff up (for now: the service proxy on a manifests directory).
+    /// Bring up a cluster on this machine: control plane and N nodes (network namespaces
+    /// with node agent, containerd and eBPF proxy). `--proxy-only`: the proxy alone.
     Up(up::Opts),
+    /// Stop the cluster and remove everything it made. Idempotent.
+    Down,
+    /// Run a command as a node-level process of a node of the cluster (its network
+    /// namespace and cgroup): `cargo xtask node-exec node-1 -- curl http://10.96.0.10/`.
+    NodeExec {
+        node: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
+    },
+    /// The cluster's relay to the nodes (started by `up`): LISTEN=TO...
+    #[command(hide = true)]
+    Relay {
+        #[arg(required = true)]
+        forwards: Vec<skiff_tests::cluster::relay::Forward>,
+    },
     /// Run the whole test suite, as CI does (installs prerequisites first).
     Test {
         /// Extra arguments for `cargo test`, e.g. a test name filter.
@@ -53,6 +69,11 @@ fn main() -> Result<()> {
         }
         Command::BenchClient(cmd) => bench::client::run(cmd),
         Command::Up(opts) => up::up(opts),
+        Command::Down => up::down(),
+        Command::NodeExec { node, command } => up::node_exec(&node, &command),
+        Command::Relay { forwards } => {
+            Ok(skiff_tests::cluster::relay::Relay::run_forever(&forwards)?)
+        }
         Command::Images => {
             setup::all()?;
             images::all()

@@ -1,25 +1,201 @@
-//! `cargo xtask up`: for now, the service proxy on a manifests directory (eBPF mode by
-//! default), in the foreground. The cluster issue turns this into a whole cluster.
+//! `cargo xtask up [--nodes N]`: a whole skiff cluster on this machine, from a fresh one:
+//! prerequisites, the eBPF object, the images in the local registry and release builds
+//! first, then the control plane, N nodes (each a network namespace on a host bridge with
+//! its node agent, containerd and eBPF service proxy) through the same library the
+//! end-to-end tests use (`skiff_tests::cluster`); each step is timed. The daemons run
+//! detached (logs in `.skiff/logs/`); `cargo xtask down` removes everything.
+//!
+//! `cargo xtask up --proxy-only`: only the service proxy, in the foreground, on a manifests
+//! directory (no cluster).
 
 use crate::setup::{root, run};
-use anyhow::Result;
-use std::path::PathBuf;
+use anyhow::{Context, Result};
+use skiff_tests::cluster::network::Subnet;
+use skiff_tests::cluster::{self, Binaries, Cluster, RelayMode, Spec, State};
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct Opts {
-    /// Manifests directory (Services and EndpointSlices); created if missing.
+    /// Number of nodes.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=250))]
+    nodes: u8,
+    /// The /24 of node addresses on the host bridge (the host is .1, nodes .2 and up);
+    /// nothing is routed beyond it.
+    #[arg(long, default_value = "10.249.0.0/24")]
+    subnet: Subnet,
+    /// The API server's port on 127.0.0.1 (also the relay's port on the bridge).
+    #[arg(long, default_value_t = 6443)]
+    api_port: u16,
+    /// Only the service proxy on a manifests directory, in the foreground.
+    #[arg(long)]
+    proxy_only: bool,
+    /// --proxy-only: the manifests directory (Services and EndpointSlices); created if
+    /// missing.
     #[arg(long, default_value = ".skiff/manifests")]
     manifests: PathBuf,
-    /// ebpf or iptables.
+    /// --proxy-only: ebpf or iptables.
     #[arg(long, default_value = "ebpf")]
     mode: String,
-    /// Extra arguments for `proxy run` (e.g. --cgroup, --metrics).
+    /// --proxy-only: extra arguments for `proxy run` (e.g. --cgroup, --metrics).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
 }
 
+/// Where the cluster keeps its state, data and logs.
+pub fn state_dir() -> PathBuf {
+    root().join(".skiff")
+}
+
+const CLUSTER: &str = "skiff";
+
 pub fn up(opts: Opts) -> Result<()> {
+    if opts.proxy_only {
+        return proxy_only(opts);
+    }
+    let started = Instant::now();
+    let mut timings: Vec<(String, Duration)> = Vec::new();
+    let mut timed = |name: &str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        let t0 = Instant::now();
+        f()?;
+        let took = t0.elapsed();
+        eprintln!("  {name:<52} {:>7.2} s", took.as_secs_f64());
+        timings.push((name.to_string(), took));
+        Ok(())
+    };
+    let dir = state_dir();
+    if let Some(s) = cluster::running(&dir)? {
+        eprintln!("up: the cluster is already up ({} nodes)", s.nodes.len());
+        print_usage(&dir, &s);
+        return Ok(());
+    }
+    if State::load(&dir)?.is_some() {
+        eprintln!("up: removing what a previous cluster left (its control plane is gone)");
+        cluster::down(&dir)?;
+    }
+    eprintln!("up: preparing");
+    timed("prerequisites (Debian packages)", &mut crate::setup::all)?;
+    timed(
+        "eBPF programs (cargo xtask build-ebpf)",
+        &mut crate::ebpf::build,
+    )?;
+    timed("images in the local registry", &mut crate::images::all)?;
+    timed("release build of control-plane, node, proxy", &mut || {
+        crate::setup::cargo(
+            &[
+                "build",
+                "--release",
+                "-p",
+                "control-plane",
+                "-p",
+                "node",
+                "-p",
+                "proxy",
+            ],
+            &[],
+        )
+    })?;
+    eprintln!("up: starting a cluster of {} nodes", opts.nodes);
+    let mut spec = Spec::new(
+        CLUSTER,
+        usize::from(opts.nodes),
+        &dir,
+        opts.subnet,
+        Binaries::in_dir(&crate::images::target_dir().join("release")),
+    );
+    spec.nodes = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
+    spec.api_port = opts.api_port;
+    spec.relay = RelayMode::Process {
+        program: std::env::current_exe().context("locating xtask")?,
+        args: vec!["relay".into()],
+        api_port: opts.api_port,
+        registry_port: spec.registry.port(),
+    };
+    let c = Cluster::up(spec)?;
+    timings.extend(c.timings.iter().cloned());
+    let state = c.state().clone();
+    c.detach();
+    eprintln!();
+    eprintln!("| step | seconds |");
+    eprintln!("|---|---:|");
+    for (name, took) in &timings {
+        eprintln!("| {name} | {:.2} |", took.as_secs_f64());
+    }
+    eprintln!("| total | {:.2} |", started.elapsed().as_secs_f64());
+    eprintln!();
+    print_usage(&dir, &state);
+    Ok(())
+}
+
+fn print_usage(dir: &Path, s: &State) {
+    let kubeconfig = dir.join("kubeconfig");
+    let first = s.nodes.first().map_or("node-1", |n| n.name.as_str());
+    eprintln!("The cluster is up. Use it with:");
+    eprintln!("  export KUBECONFIG={}", kubeconfig.display());
+    eprintln!("  kubectl get nodes -o wide");
+    eprintln!(
+        "  kubectl create deployment echo --image=127.0.0.1:5000/skiff/echo:latest --replicas=3"
+    );
+    eprintln!("  kubectl expose deployment echo --port=80 --target-port=8080");
+    eprintln!("  cargo xtask node-exec {first} -- curl -s http://<CLUSTER-IP>/   # a node-level client, translated by the node's proxy");
+    eprintln!("  cargo xtask node-exec {first} -- proxy dump                    # that node's programmed services");
+    eprintln!(
+        "Logs: {}/logs/   Stop and remove everything: cargo xtask down",
+        dir.display()
+    );
+}
+
+/// `cargo xtask down`.
+pub fn down() -> Result<()> {
+    let dir = state_dir();
+    let t0 = Instant::now();
+    let removed = cluster::down(&dir)?;
+    if removed.is_empty() {
+        eprintln!(
+            "down: no cluster recorded in {}: nothing to do",
+            dir.display()
+        );
+    } else {
+        for r in &removed {
+            eprintln!("down: removed {r}");
+        }
+        eprintln!("down: done in {:.1?}", t0.elapsed());
+    }
+    Ok(())
+}
+
+/// `cargo xtask node-exec NODE -- CMD...`: CMD as a node-level process of NODE (its network
+/// namespace and cgroup). `proxy` means that node's proxy binary, with `dump` pointed at its
+/// pins.
+pub fn node_exec(node: &str, cmd: &[String]) -> Result<()> {
+    let dir = state_dir();
+    let s = cluster::running(&dir)?.context("no cluster is up (cargo xtask up)")?;
+    let n = s.nodes.iter().find(|n| n.name == node).with_context(|| {
+        format!(
+            "no node {node} (nodes: {:?})",
+            s.nodes.iter().map(|n| &n.name).collect::<Vec<_>>()
+        )
+    })?;
+    let (program, args) = cmd.split_first().context("a command to run")?;
+    let mut c = if program == "proxy" {
+        let mut c = cluster::node_command(n, &s.binaries.proxy)?;
+        c.args(args);
+        if args.first().is_some_and(|a| a == "dump") {
+            c.arg("--bpffs").arg(&n.bpffs);
+        }
+        c
+    } else {
+        let mut c = cluster::node_command(n, program)?;
+        c.args(args);
+        c
+    };
+    let status = c.status().with_context(|| format!("running {program}"))?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// The old `up`: the proxy alone on a manifests directory, in the foreground.
+fn proxy_only(opts: Opts) -> Result<()> {
     crate::setup::all()?;
     crate::ebpf::build()?;
     let manifests = root().join(&opts.manifests);

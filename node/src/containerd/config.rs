@@ -13,6 +13,10 @@ pub struct RuntimeSettings {
     /// `host:port=http://endpoint` to reach it at another address (a node in its own network
     /// namespace reaches the host's registry through its link).
     pub insecure_registries: Vec<String>,
+    /// Where containerd's CRI streaming server (exec, attach, port-forward) listens: the
+    /// node's address, which the API server reaches when it relays `pods/exec` (loopback
+    /// would be the node's own loopback once the node has a network namespace of its own).
+    pub stream_address: std::net::IpAddr,
 }
 
 /// The TOML text of containerd's config (version 2 schema, containerd 1.6).
@@ -50,7 +54,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   # Mandatory here: without CAP_SYS_RESOURCE every sandbox fails otherwise.
   restrict_oom_score_adj = true
   # Port 0: each agent's streaming server (exec, attach) gets its own free port.
-  stream_server_address = "127.0.0.1"
+  stream_server_address = "{stream}"
   stream_server_port = "0"
   enable_selinux = false
   disable_apparmor = true
@@ -76,6 +80,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         socket = layout.containerd_socket().display(),
         opt = dir.join("opt").display(),
         sandbox = settings.sandbox_image,
+        stream = settings.stream_address,
         cni_conf = layout.cni_conf_dir().display(),
         runc_root = dir.join("runc").display(),
     );
@@ -107,7 +112,12 @@ mod tests {
                     "127.0.0.1:5000".into(),
                     "r:1=http://10.0.0.1:5000".into(),
                 ],
+                stream_address: "10.0.0.2".parse().unwrap(),
             },
+        );
+        assert!(
+            text.contains("stream_server_address = \"10.0.0.2\""),
+            "{text}"
         );
         assert!(
             text.contains("mirrors.\"r:1\"]\n  endpoint = [\"http://10.0.0.1:5000\"]"),

@@ -66,6 +66,7 @@ pub fn settings() -> RuntimeSettings {
     RuntimeSettings {
         sandbox_image: PAUSE_IMAGE.into(),
         insecure_registries: vec![REGISTRY.into()],
+        stream_address: std::net::Ipv4Addr::LOCALHOST.into(),
     }
 }
 

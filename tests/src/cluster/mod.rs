@@ -1,0 +1,778 @@
+//! A whole skiff cluster on one machine, shared by `cargo xtask up`/`down` and the
+//! end-to-end tests: the control plane (`control-plane server`, loopback only), and per node
+//! a network namespace on a host bridge with the node agent (`node run`, its own
+//! containerd) and the service proxy (`proxy run --source api`) whose programs are attached
+//! to the node's cgroup (the pods' parent, with the node's own processes in its `host`
+//! child), pins on the cluster's private bpffs. A relay makes the loopback-only API server
+//! and registry reachable from the nodes at the bridge's address.
+//!
+//! Everything made is recorded in `<state dir>/cluster.json` as it appears; [`down`] removes
+//! exactly that, in order, and is idempotent. A [`Cluster`] handle tears its cluster down
+//! on Drop (tests) unless [`Cluster::detach`]ed (`xtask up`).
+
+pub mod network;
+pub mod process;
+pub mod relay;
+pub mod state;
+
+use crate::kubectl::Kubectl;
+use crate::netns::NetNs;
+use network::Subnet;
+use process::Placement;
+use relay::{Forward, Relay};
+pub use state::{Binaries, NodeState, State};
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A cluster operation that failed, with what was being done.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Error(String);
+
+impl Error {
+    pub fn new(msg: impl Into<String>) -> Error {
+        Error(msg.into())
+    }
+}
+
+/// Runs a command; its stdout, or an error with its stderr.
+pub fn command_output(cmd: &mut Command) -> Result<String, Error> {
+    let out = cmd
+        .output()
+        .map_err(|e| Error::new(format!("starting {cmd:?}: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::new(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// How the relay runs.
+#[derive(Clone, Debug)]
+pub enum RelayMode {
+    /// Threads of the process that brings the cluster up (tests: it lives as long as they do).
+    Threads,
+    /// A process of its own: `program args... LISTEN=TO...`, on fixed ports (`xtask up`).
+    Process {
+        program: PathBuf,
+        args: Vec<OsString>,
+        api_port: u16,
+        registry_port: u16,
+    },
+}
+
+/// What to bring up.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Names the bridge and veths; unique per cluster on the machine.
+    pub name: String,
+    /// Node names (their netns is `skiff-<node>`, their cgroup `/skiff-<node>`).
+    pub nodes: Vec<String>,
+    pub state_dir: PathBuf,
+    pub subnet: Subnet,
+    /// The API server's loopback port (0: any free port).
+    pub api_port: u16,
+    pub binaries: Binaries,
+    pub relay: RelayMode,
+    /// The local registry (loopback), relayed to the nodes.
+    pub registry: SocketAddr,
+    pub pause_image: String,
+    /// Extra flags for `control-plane server`.
+    pub control_plane_args: Vec<String>,
+}
+
+impl Spec {
+    /// `nodes` nodes named `<name>-1`, `<name>-2`...; the API server on any free loopback
+    /// port, the relay on threads, skiff's local registry and pause image.
+    pub fn new(
+        name: &str,
+        nodes: usize,
+        state_dir: &Path,
+        subnet: Subnet,
+        binaries: Binaries,
+    ) -> Spec {
+        Spec {
+            name: name.to_string(),
+            nodes: (1..=nodes).map(|i| format!("{name}-{i}")).collect(),
+            state_dir: state_dir.to_path_buf(),
+            subnet,
+            api_port: 0,
+            binaries,
+            relay: RelayMode::Threads,
+            registry: crate::registry::REGISTRY.parse().expect("registry address"),
+            pause_image: crate::registry::PAUSE_IMAGE.to_string(),
+            control_plane_args: Vec::new(),
+        }
+    }
+}
+
+/// Where the proxy of a node serves /metrics and /healthz (inside the node's namespace).
+pub const PROXY_METRICS: &str = "127.0.0.1:10249";
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A running cluster.
+pub struct Cluster {
+    state: State,
+    state_dir: PathBuf,
+    relay: Option<Relay>,
+    detached: bool,
+    /// Each step of `up` and how long it took.
+    pub timings: Vec<(String, Duration)>,
+}
+
+fn io_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::new(format!("{what}: {e}"))
+}
+
+/// The `server:` of a kubeconfig written by the control plane, and its token.
+fn kubeconfig_server_and_token(path: &Path) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key).map(|v| v.trim().to_string()))
+    };
+    Some((field("server:")?, field("token:")?))
+}
+
+/// Waits for `probe` with a deadline (the library form of [`crate::wait_until`]: an error,
+/// not a panic).
+fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> Result<T, Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match probe() {
+            Ok(v) => return Ok(v),
+            Err(last) if Instant::now() >= deadline => {
+                return Err(Error::new(format!(
+                    "timed out after {timeout:?} waiting for {what}; last: {last}"
+                )))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into()
+}
+
+impl Cluster {
+    /// Brings the cluster up, step by step, printing each step's time. On failure what was
+    /// made is removed again (the logs stay).
+    pub fn up(spec: Spec) -> Result<Cluster, Error> {
+        if let Some(s) = State::load(&spec.state_dir)? {
+            return Err(Error::new(format!(
+                "a cluster ({}) is recorded in {}: run `down` first",
+                s.name,
+                spec.state_dir.display()
+            )));
+        }
+        let missing = spec.binaries.missing();
+        if !missing.is_empty() {
+            return Err(Error::new(format!("binaries missing: {missing:?}")));
+        }
+        for dir in ["logs", "nodes", "bpffs"] {
+            std::fs::create_dir_all(spec.state_dir.join(dir))
+                .map_err(io_err(spec.state_dir.join(dir).display()))?;
+        }
+        let state = State {
+            name: spec.name.clone(),
+            bridge: network::bridge_name(&spec.name),
+            subnet: spec.subnet.to_string(),
+            binaries: spec.binaries.clone(),
+            pause_image: spec.pause_image.clone(),
+            api: None,
+            relay: None,
+            relay_program: None,
+            control_plane: None,
+            bpffs: spec.state_dir.join("bpffs"),
+            bpffs_mounted: false,
+            nodes: Vec::new(),
+        };
+        state.save(&spec.state_dir)?;
+        let mut c = Cluster {
+            state,
+            state_dir: spec.state_dir.clone(),
+            relay: None,
+            detached: false,
+            timings: Vec::new(),
+        };
+        // On an error `c` drops here and takes down what was made.
+        c.bring_up(&spec)?;
+        Ok(c)
+    }
+
+    fn step<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let t0 = Instant::now();
+        let r = f(self);
+        let took = t0.elapsed();
+        match &r {
+            Ok(_) => eprintln!("  {name:<52} {:>7.2} s", took.as_secs_f64()),
+            Err(e) => eprintln!("  {name:<52} failed after {:.2} s: {e}", took.as_secs_f64()),
+        }
+        self.timings.push((name.to_string(), took));
+        self.save()?;
+        r
+    }
+
+    fn save(&self) -> Result<(), Error> {
+        self.state.save(&self.state_dir)
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.state_dir.join("logs").join(format!("{name}.log"))
+    }
+
+    fn bring_up(&mut self, spec: &Spec) -> Result<(), Error> {
+        let n = spec.nodes.len();
+        self.step("network: bridge, bpffs", |c| {
+            network::create_bridge(&c.state.bridge, spec.subnet)?;
+            command_output(
+                Command::new("mount")
+                    .args(["-t", "bpf", "bpf"])
+                    .arg(&c.state.bpffs),
+            )?;
+            c.state.bpffs_mounted = true;
+            Ok(())
+        })?;
+        self.step("control plane: API server, controllers, scheduler", |c| {
+            c.start_control_plane(spec)
+        })?;
+        let (api_relay, registry_relay) = self
+            .step("relay: API and registry to the nodes", |c| {
+                c.start_relay(spec)
+            })?;
+        self.write_node_kubeconfig(api_relay)?;
+        for (i, name) in spec.nodes.iter().enumerate() {
+            self.step(&format!("node {name}: netns, veth, cgroups, agent"), |c| {
+                c.start_node(spec, i, name, registry_relay)
+            })?;
+        }
+        self.step(&format!("{n} nodes registered and Ready"), |c| {
+            c.wait_nodes_ready()
+        })?;
+        for i in 0..n {
+            let name = spec.nodes[i].clone();
+            self.step(
+                &format!("proxy on {name}: programs attached, synced"),
+                |c| c.start_proxy(i),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn start_control_plane(&mut self, spec: &Spec) -> Result<(), Error> {
+        let kubeconfig = self.kubeconfig();
+        let _ = std::fs::remove_file(&kubeconfig);
+        let mut cmd = Command::new(&spec.binaries.control_plane);
+        cmd.arg("server")
+            .arg("--data-dir")
+            .arg(self.state_dir.join("control-plane"))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", spec.api_port))
+            .arg("--write-kubeconfig")
+            .arg(&kubeconfig)
+            // Port 0: several clusters (and other tests) on one machine never collide.
+            .args([
+                "--controller-manager-bind-address",
+                "127.0.0.1:0",
+                "--scheduler-bind-address",
+                "127.0.0.1:0",
+            ])
+            .args(&spec.control_plane_args);
+        let pid = process::spawn(&mut cmd, &self.log("control-plane"), Placement::default())?;
+        self.state.control_plane = Some(pid);
+        self.save()?;
+        let program = process::program_name(&spec.binaries.control_plane);
+        let (server, _) = wait_for("the control plane's kubeconfig", READY_TIMEOUT, || {
+            if !process::alive(pid, &program) {
+                return Err(format!(
+                    "control-plane exited; see {}",
+                    self.log("control-plane").display()
+                ));
+            }
+            kubeconfig_server_and_token(&kubeconfig).ok_or_else(|| "not written yet".into())
+        })?;
+        let addr: SocketAddr = server
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| Error::new(format!("server {server}: {e}")))?;
+        self.state.api = Some(addr);
+        let agent = agent();
+        wait_for("the API server /readyz", READY_TIMEOUT, || {
+            match agent.get(format!("http://{addr}/readyz")).call() {
+                Ok(r) if r.status() == 200 => Ok(()),
+                Ok(r) => Err(format!("status {}", r.status())),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+
+    fn start_relay(&mut self, spec: &Spec) -> Result<(SocketAddr, SocketAddr), Error> {
+        let host = spec.subnet.host();
+        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
+        let (api_port, registry_port) = match &spec.relay {
+            RelayMode::Threads => (0, 0),
+            RelayMode::Process {
+                api_port,
+                registry_port,
+                ..
+            } => (*api_port, *registry_port),
+        };
+        let forwards = [
+            Forward {
+                listen: SocketAddr::from((host, api_port)),
+                to: api,
+            },
+            Forward {
+                listen: SocketAddr::from((host, registry_port)),
+                to: spec.registry,
+            },
+        ];
+        match &spec.relay {
+            RelayMode::Threads => {
+                let relay = Relay::start(&forwards).map_err(io_err("starting the relay"))?;
+                let bound = (relay.bound[0], relay.bound[1]);
+                self.relay = Some(relay);
+                Ok(bound)
+            }
+            RelayMode::Process { program, args, .. } => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).args(forwards.iter().map(|f| f.to_string()));
+                let pid = process::spawn(&mut cmd, &self.log("relay"), Placement::default())?;
+                self.state.relay = Some(pid);
+                self.state.relay_program = Some(process::program_name(program));
+                self.save()?;
+                for f in &forwards {
+                    wait_for(&format!("the relay on {}", f.listen), READY_TIMEOUT, || {
+                        std::net::TcpStream::connect_timeout(&f.listen, Duration::from_secs(1))
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    })?;
+                }
+                Ok((forwards[0].listen, forwards[1].listen))
+            }
+        }
+    }
+
+    /// The kubeconfig nodes use: the admin's, with the API server at the relay.
+    fn write_node_kubeconfig(&self, api_relay: SocketAddr) -> Result<(), Error> {
+        let text = std::fs::read_to_string(self.kubeconfig())
+            .map_err(io_err(self.kubeconfig().display()))?;
+        let rewritten: String = text
+            .lines()
+            .map(|l| match l.trim_start().strip_prefix("server:") {
+                Some(_) => {
+                    let indent = &l[..l.len() - l.trim_start().len()];
+                    format!("{indent}server: http://{api_relay}\n")
+                }
+                None => format!("{l}\n"),
+            })
+            .collect();
+        write_private(&self.node_kubeconfig(), &rewritten)
+    }
+
+    fn start_node(
+        &mut self,
+        spec: &Spec,
+        i: usize,
+        name: &str,
+        registry_relay: SocketAddr,
+    ) -> Result<(), Error> {
+        let node = NodeState {
+            name: name.to_string(),
+            netns: network::netns_name(name),
+            veth: network::veth_name(&spec.name, name),
+            ip: spec.subnet.node(i),
+            data_dir: self.state_dir.join("nodes").join(name),
+            // The node agent names its pods' cgroup parent `/skiff-<node>` (node/src/names.rs);
+            // in the hybrid hierarchy runc mirrors it in the v2 tree, where the proxy attaches.
+            cgroup: crate::cgroup::v2_root().join(format!("skiff-{name}")),
+            bpffs: self.state.bpffs.join(name),
+            agent: None,
+            proxy: None,
+        };
+        // Recorded before anything is made: `down` removes whatever part exists.
+        self.state.nodes.push(node.clone());
+        self.save()?;
+        network::create_node(&node.netns, &node.veth, &self.state.bridge, node.ip)?;
+        std::fs::create_dir_all(node.host_cgroup())
+            .map_err(io_err(node.host_cgroup().display()))?;
+        std::fs::create_dir_all(&node.data_dir).map_err(io_err(node.data_dir.display()))?;
+        let mut cmd = Command::new(&spec.binaries.node);
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(self.node_kubeconfig())
+            .args(["--name", name, "--node-ip", &node.ip.to_string()])
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .args([
+                "--listen",
+                "0.0.0.0:10250",
+                "--pause-image",
+                &spec.pause_image,
+            ])
+            .arg("--insecure-registry")
+            .arg(format!("{}=http://{registry_relay}", spec.registry));
+        let pid = process::spawn(
+            &mut cmd,
+            &self.log(&format!("node-{name}")),
+            Placement {
+                netns: Some(&node.netns),
+                cgroup: Some(&node.host_cgroup()),
+            },
+        )?;
+        self.state.nodes[i].agent = Some(pid);
+        Ok(())
+    }
+
+    fn wait_nodes_ready(&self) -> Result<(), Error> {
+        let want: Vec<String> = self.state.nodes.iter().map(|n| n.name.clone()).collect();
+        wait_for("every node Ready", READY_TIMEOUT, || {
+            for n in &self.state.nodes {
+                let program = process::program_name(&self.state.binaries.node);
+                if !n.agent.is_some_and(|p| process::alive(p, &program)) {
+                    return Err(format!(
+                        "the agent of {} exited; see {}",
+                        n.name,
+                        self.log(&format!("node-{}", n.name)).display()
+                    ));
+                }
+            }
+            let ready = self.ready_nodes().map_err(|e| e.to_string())?;
+            match want.iter().all(|w| ready.contains(w)) {
+                true => Ok(()),
+                false => Err(format!("ready: {ready:?}")),
+            }
+        })
+    }
+
+    /// Names of the nodes whose Ready condition is True.
+    pub fn ready_nodes(&self) -> Result<Vec<String>, Error> {
+        let v = self.api_get("/api/v1/nodes")?;
+        Ok(v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| {
+                n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// GET on the API server as the admin; the JSON body.
+    pub fn api_get(&self, path: &str) -> Result<serde_json::Value, Error> {
+        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
+        let (_, token) = kubeconfig_server_and_token(&self.kubeconfig())
+            .ok_or_else(|| Error::new("no admin kubeconfig"))?;
+        let mut r = agent()
+            .get(format!("http://{api}{path}"))
+            .header("Authorization", format!("Bearer {token}"))
+            .call()
+            .map_err(|e| Error::new(format!("GET {path}: {e}")))?;
+        if r.status() != 200 {
+            return Err(Error::new(format!("GET {path}: {}", r.status())));
+        }
+        let text = r
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| Error::new(format!("GET {path}: {e}")))?;
+        serde_json::from_str(&text).map_err(|e| Error::new(format!("GET {path}: {e}")))
+    }
+
+    fn start_proxy(&mut self, i: usize) -> Result<(), Error> {
+        let node = self.state.nodes[i].clone();
+        let mut cmd = Command::new(&self.state.binaries.proxy);
+        cmd.args(["run", "--mode", "ebpf", "--source", "api", "--kubeconfig"])
+            .arg(self.node_kubeconfig())
+            .args(["--node-name", &node.name, "--metrics", PROXY_METRICS])
+            .arg("--cgroup")
+            .arg(&node.cgroup)
+            .arg("--bpffs")
+            .arg(&node.bpffs)
+            .env("RUST_LOG", "info");
+        let pid = process::spawn(
+            &mut cmd,
+            &self.log(&format!("proxy-{}", node.name)),
+            Placement {
+                netns: Some(&node.netns),
+                cgroup: Some(&node.host_cgroup()),
+            },
+        )?;
+        self.state.nodes[i].proxy = Some(pid);
+        self.save()?;
+        let program = process::program_name(&self.state.binaries.proxy);
+        wait_for("the proxy's initial sync (/healthz)", READY_TIMEOUT, || {
+            if !process::alive(pid, &program) {
+                return Err(format!(
+                    "the proxy exited; see {}",
+                    self.log(&format!("proxy-{}", node.name)).display()
+                ));
+            }
+            match self.proxy_get(i, "/healthz") {
+                Ok(body) if body.trim() == "ok" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+    }
+
+    /// GET on node `i`'s proxy metrics endpoint (inside its namespace); the body.
+    pub fn proxy_get(&self, i: usize, path: &str) -> Result<String, Error> {
+        let node = &self.state.nodes[i];
+        let addr: SocketAddr = PROXY_METRICS.parse().expect("valid address");
+        NetNs::open(&node.netns)
+            .and_then(|ns| {
+                ns.run(|| crate::netns::http_get_path(addr, path, Duration::from_secs(2)))
+            })
+            .map_err(|e| Error::new(format!("GET {path} on {}: {e}", node.name)))
+    }
+
+    /// `proxy dump` of node `i`'s maps.
+    pub fn proxy_dump(&self, i: usize) -> Result<String, Error> {
+        command_output(
+            Command::new(&self.state.binaries.proxy)
+                .arg("dump")
+                .arg("--bpffs")
+                .arg(&self.state.nodes[i].bpffs),
+        )
+    }
+
+    /// A command that runs as a node-level process of node `i` (see [`node_command`]).
+    pub fn node_command(
+        &self,
+        i: usize,
+        program: impl AsRef<std::ffi::OsStr>,
+    ) -> Result<Command, Error> {
+        node_command(&self.state.nodes[i], program)
+    }
+
+    /// The admin kubeconfig (API server on loopback).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.state_dir.join("kubeconfig")
+    }
+
+    fn node_kubeconfig(&self) -> PathBuf {
+        self.state_dir.join("node-kubeconfig")
+    }
+
+    /// The real kubectl on the admin kubeconfig (its own HOME and discovery cache).
+    pub fn kubectl(&self) -> Kubectl {
+        Kubectl::new(&self.kubeconfig(), &self.state_dir)
+    }
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Leaves the cluster running when the handle goes (its relay must then be a process).
+    pub fn detach(mut self) {
+        self.detached = true;
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
+        if let Err(e) = down(&self.state_dir) {
+            eprintln!("cluster teardown: {e}");
+        }
+        // The relay threads stop last: the agents needed them while stopping.
+        self.relay = None;
+    }
+}
+
+/// A command that runs as a node-level process of `node`: in its network namespace and
+/// its `host` cgroup, so the node's proxy translates service addresses for it.
+pub fn node_command(
+    node: &NodeState,
+    program: impl AsRef<std::ffi::OsStr>,
+) -> Result<Command, Error> {
+    let mut cmd = Command::new(program);
+    Placement {
+        netns: Some(&node.netns),
+        cgroup: Some(&node.host_cgroup()),
+    }
+    .apply(&mut cmd)?;
+    Ok(cmd)
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(path.display()))?;
+    std::io::Write::write_all(&mut f, text.as_bytes()).map_err(io_err(path.display()))
+}
+
+/// Whether the cluster recorded in `state_dir` runs (its control plane is alive).
+pub fn running(state_dir: &Path) -> Result<Option<State>, Error> {
+    Ok(State::load(state_dir)?.filter(|s| {
+        let program = process::program_name(&s.binaries.control_plane);
+        s.control_plane.is_some_and(|p| process::alive(p, &program))
+    }))
+}
+
+/// Mount points at or below `dir` (deepest first).
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+fn remove_cgroup(dir: &Path) {
+    let host = dir.join("host");
+    if host.exists() {
+        // Whatever still runs as a node-level process of this node ends now.
+        let _ = std::fs::write(host.join("cgroup.kill"), "1");
+        let _ = wait_for(
+            "the node's host cgroup to empty",
+            Duration::from_secs(5),
+            || match std::fs::read_to_string(host.join("cgroup.procs")) {
+                Ok(t) if !t.trim().is_empty() => Err(t),
+                _ => Ok(()),
+            },
+        );
+        let _ = std::fs::remove_dir(&host);
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Removes the cluster recorded in `state_dir`, in order: proxies, node agents, each node's
+/// pods and runtime state (`node reset`), control plane, relay, pins, namespaces, veths,
+/// bridge, cgroups, data. Idempotent; returns what it removed.
+pub fn down(state_dir: &Path) -> Result<Vec<String>, Error> {
+    let Some(mut s) = State::load(state_dir)? else {
+        return Ok(Vec::new());
+    };
+    let mut done = Vec::new();
+    let proxy = process::program_name(&s.binaries.proxy);
+    let node = process::program_name(&s.binaries.node);
+    for n in &s.nodes {
+        if n.proxy
+            .is_some_and(|p| process::stop(p, &proxy, Duration::from_secs(10)))
+        {
+            done.push(format!("proxy of {}", n.name));
+        }
+    }
+    for n in &s.nodes {
+        if n.agent
+            .is_some_and(|p| process::stop(p, &node, Duration::from_secs(30)))
+        {
+            done.push(format!("node agent of {}", n.name));
+        }
+    }
+    for n in &s.nodes {
+        if n.data_dir.exists() {
+            // Inside the node's namespace when it still exists: CNI teardown runs there.
+            // (The handle lives until the command has run: it owns the fd setns uses.)
+            let ns = NetNs::open(&n.netns).ok();
+            let mut cmd = match &ns {
+                Some(ns) => ns.command(&s.binaries.node),
+                None => Command::new(&s.binaries.node),
+            };
+            cmd.args(["reset", "--name", &n.name, "--pause-image", &s.pause_image])
+                .arg("--data-dir")
+                .arg(&n.data_dir);
+            match command_output(&mut cmd) {
+                Ok(_) => done.push(format!("pods and containerd state of {}", n.name)),
+                Err(e) => eprintln!("down: node reset of {}: {e}", n.name),
+            }
+        }
+    }
+    let cp = process::program_name(&s.binaries.control_plane);
+    if s.control_plane
+        .is_some_and(|p| process::stop(p, &cp, Duration::from_secs(30)))
+    {
+        done.push("control plane".into());
+    }
+    if let (Some(pid), Some(program)) = (s.relay, &s.relay_program) {
+        if process::stop(pid, program, Duration::from_secs(5)) {
+            done.push("relay".into());
+        }
+    }
+    if s.bpffs_mounted || mounts_below(&s.bpffs).contains(&s.bpffs) {
+        // Unmounting the private bpffs drops every pin: the programs detach.
+        let _ = Command::new("umount").arg(&s.bpffs).status();
+        s.bpffs_mounted = false;
+        done.push(format!("bpffs pins ({})", s.bpffs.display()));
+    }
+    for n in &s.nodes {
+        if network::delete_netns(&n.netns) {
+            done.push(format!("netns {}", n.netns));
+        }
+        if network::delete_link(&n.veth) {
+            done.push(format!("veth {}", n.veth));
+        }
+        if n.cgroup.exists() {
+            remove_cgroup(&n.cgroup);
+            done.push(format!("cgroup {}", n.cgroup.display()));
+        }
+    }
+    if network::delete_link(&s.bridge) {
+        done.push(format!("bridge {}", s.bridge));
+    }
+    for n in &s.nodes {
+        for m in mounts_below(&n.data_dir) {
+            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        }
+        if n.data_dir.exists() {
+            let _ = std::fs::remove_dir_all(&n.data_dir);
+            done.push(format!("data of {}", n.name));
+        }
+    }
+    for leftover in [
+        "control-plane",
+        "kubeconfig",
+        "node-kubeconfig",
+        "kubectl-home",
+    ] {
+        let p = state_dir.join(leftover);
+        if p.is_dir() {
+            let _ = std::fs::remove_dir_all(&p);
+        } else {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+    let _ = std::fs::remove_dir(&s.bpffs);
+    let _ = std::fs::remove_dir(state_dir.join("nodes"));
+    std::fs::remove_file(state_dir.join(state::FILE))
+        .map_err(io_err(state_dir.join(state::FILE).display()))?;
+    Ok(done)
+}

@@ -1,0 +1,170 @@
+//! The cluster's network on the host: one Linux bridge holding the /24 of node addresses
+//! (its `.1` is the host's side), and per node a network namespace joined to the bridge by
+//! a veth pair (`eth0` inside, the node's address on it). Node namespaces get no default
+//! route: a node reaches the bridge's /24 (the other nodes, and the control plane and
+//! registry through the host's relay) and nothing else, so no packet of the cluster leaves
+//! the machine, whatever a pod or a node-level client tries.
+//!
+//! Every host-global name derives from the cluster and node names, so a cluster made by
+//! `cargo xtask up` and clusters of end-to-end tests live side by side.
+
+use super::{command_output, Error};
+use crate::netns::NetNs;
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+/// FNV-1a: stable names from names (interface names allow 15 bytes).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The host bridge of cluster `cluster`.
+pub fn bridge_name(cluster: &str) -> String {
+    format!("skc{:010x}", fnv1a(cluster.as_bytes()) & 0xff_ffff_ffff)
+}
+
+/// The host end of `node`'s veth pair.
+pub fn veth_name(cluster: &str, node: &str) -> String {
+    let key = format!("{cluster}/{node}");
+    format!("skv{:010x}", fnv1a(key.as_bytes()) & 0xff_ffff_ffff)
+}
+
+/// `node`'s network namespace.
+pub fn netns_name(node: &str) -> String {
+    format!("skiff-{node}")
+}
+
+/// A /24 of node addresses: `.1` is the host (bridge), nodes count from `.2`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subnet(pub [u8; 3]);
+
+impl Subnet {
+    pub fn host(&self) -> Ipv4Addr {
+        self.addr(1)
+    }
+
+    /// The address of the `i`-th node (0-based).
+    pub fn node(&self, i: usize) -> Ipv4Addr {
+        self.addr(2 + i as u8)
+    }
+
+    fn addr(&self, last: u8) -> Ipv4Addr {
+        let [a, b, c] = self.0;
+        Ipv4Addr::new(a, b, c, last)
+    }
+}
+
+impl std::fmt::Display for Subnet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c] = self.0;
+        write!(f, "{a}.{b}.{c}.0/24")
+    }
+}
+
+impl std::str::FromStr for Subnet {
+    type Err = String;
+
+    /// `A.B.C.0/24` (or `A.B.C`).
+    fn from_str(s: &str) -> Result<Subnet, String> {
+        let base = s.strip_suffix(".0/24").unwrap_or(s);
+        let parts: Vec<u8> = base
+            .split('.')
+            .map(|p| p.parse().map_err(|_| format!("{s}: not a /24")))
+            .collect::<Result<_, _>>()?;
+        match parts[..] {
+            [a, b, c] => Ok(Subnet([a, b, c])),
+            _ => Err(format!("{s}: expected A.B.C.0/24")),
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> Result<String, Error> {
+    command_output(Command::new("ip").args(args))
+}
+
+fn link_exists(name: &str) -> bool {
+    Command::new("ip")
+        .args(["link", "show", name])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Creates the bridge with the host's address of `subnet`.
+pub fn create_bridge(name: &str, subnet: Subnet) -> Result<(), Error> {
+    if link_exists(name) {
+        return Err(Error::new(format!(
+            "bridge {name} exists already (run `down` first)"
+        )));
+    }
+    ip(&["link", "add", name, "type", "bridge"])?;
+    ip(&["addr", "add", &format!("{}/24", subnet.host()), "dev", name])?;
+    ip(&["link", "set", name, "up"])?;
+    Ok(())
+}
+
+/// Creates `node`'s namespace, its veth into `bridge` and its address.
+pub fn create_node(
+    netns: &str,
+    veth: &str,
+    bridge: &str,
+    address: Ipv4Addr,
+) -> Result<NetNs, Error> {
+    let ns = NetNs::create_kept(netns).map_err(|e| Error::new(e.to_string()))?;
+    ip(&[
+        "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns,
+    ])?;
+    ip(&["link", "set", veth, "master", bridge])?;
+    ip(&["link", "set", veth, "up"])?;
+    let n = |args: &[&str]| -> Result<String, Error> {
+        let mut all = vec!["-n", netns];
+        all.extend_from_slice(args);
+        ip(&all)
+    };
+    n(&["addr", "add", &format!("{address}/24"), "dev", "eth0"])?;
+    n(&["link", "set", "eth0", "up"])?;
+    Ok(ns)
+}
+
+/// Removes a link if it exists (deleting one end of a veth removes both).
+pub fn delete_link(name: &str) -> bool {
+    link_exists(name)
+        && Command::new("ip")
+            .args(["link", "del", name])
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// Removes a namespace if it exists (its end of the veth goes with it).
+pub fn delete_netns(name: &str) -> bool {
+    let exists = std::path::Path::new("/run/netns").join(name).exists();
+    if exists {
+        NetNs::delete(name);
+    }
+    exists
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_interfaces_and_differ_per_cluster_and_node() {
+        let b = bridge_name("skiff");
+        assert_eq!(b.len(), 13);
+        assert_ne!(b, bridge_name("e2e-1"));
+        assert_ne!(veth_name("skiff", "node-1"), veth_name("skiff", "node-2"));
+        assert_ne!(veth_name("a", "node-1"), veth_name("b", "node-1"));
+        assert!(veth_name("skiff", "a-very-long-node-name.example.com").len() <= 15);
+    }
+
+    #[test]
+    fn subnets_parse_and_number_nodes_from_two() {
+        let s: Subnet = "10.249.0.0/24".parse().unwrap();
+        assert_eq!(s.host().to_string(), "10.249.0.1");
+        assert_eq!(s.node(0).to_string(), "10.249.0.2");
+        assert_eq!(s.to_string(), "10.249.0.0/24");
+        assert!("10.249.0.0/16".parse::<Subnet>().is_err());
+    }
+}
