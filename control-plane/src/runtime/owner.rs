@@ -4,13 +4,18 @@
 //! children it owns that no longer match, with strategic-merge patches keyed by uid, the
 //! child's uid as a precondition (so a recreated child of the same name is never touched).
 
+use std::sync::Arc;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::controller::{api_code, ReconcileError};
+use super::informer::{Cached, Informer};
+use crate::machinery::LabelSelector;
 
 /// The index of children by the uid of their controller.
 pub const BY_CONTROLLER_UID: &str = "controller-uid";
@@ -102,6 +107,63 @@ where
         Err(e) if api_code(&e) == Some(404) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// client-go's ControllerRefManager claim: the children `owner` controls once those its
+/// `selector` no longer matches are released and matching orphans (not being deleted) are
+/// adopted. An owner being deleted only keeps what it has; orphans are adopted only while the
+/// owner, read again from the API, is still live with the same uid (the cache may lag a
+/// deletion: client-go's RecheckDeletionTimestamp). An empty selector adopts nothing.
+pub async fn claim<O, C>(
+    client: &Client,
+    owner: &O,
+    selector: &LabelSelector,
+    children: &Informer<C>,
+) -> Result<Vec<Arc<C>>, ReconcileError>
+where
+    O: Cached + Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    C: Cached + Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+{
+    let ns = owner.namespace().unwrap_or_default();
+    let uid = owner.uid().unwrap_or_default();
+    let api: Api<C> = Api::namespaced(client.clone(), &ns);
+    let deleting = owner.meta().deletion_timestamp.is_some();
+    let mut claimed = Vec::new();
+    for child in children.by_index(BY_CONTROLLER_UID, &uid) {
+        if child.namespace().as_deref() != Some(ns.as_str()) {
+            continue;
+        }
+        if selector.matches(child.labels()) {
+            claimed.push(child);
+        } else if !deleting {
+            release(&api, &uid, child.as_ref()).await?;
+        }
+    }
+    if deleting || selector.is_everything() {
+        return Ok(claimed);
+    }
+    let orphans: Vec<Arc<C>> = children
+        .by_index(ORPHANS_BY_NAMESPACE, &ns)
+        .into_iter()
+        .filter(|c| c.meta().deletion_timestamp.is_none() && selector.matches(c.labels()))
+        .collect();
+    if orphans.is_empty() {
+        return Ok(claimed);
+    }
+    let fresh = Api::<O>::namespaced(client.clone(), &ns)
+        .get_opt(&owner.name_any())
+        .await?;
+    if fresh
+        .as_ref()
+        .is_none_or(|f| f.uid() != owner.uid() || f.meta().deletion_timestamp.is_some())
+    {
+        return Ok(claimed);
+    }
+    for child in orphans {
+        adopt(&api, owner, child.as_ref()).await?;
+        claimed.push(child);
+    }
+    Ok(claimed)
 }
 
 #[cfg(test)]

@@ -29,3 +29,23 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Scheduler(opts) => scheduler::run_bench(opts),
     }
 }
+
+/// CPU seconds (user + system) process `pid` has used so far, from /proc (0 if it is gone).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name (which may contain spaces).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // utime and stime: fields 14 and 15 of stat, 11 and 12 after the command name.
+    (ticks(11) + ticks(12)) / hz.max(1.0)
+}

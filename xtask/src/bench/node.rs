@@ -9,6 +9,7 @@
 //! Real processes throughout: the release `control-plane apiserver` and `node run` binaries,
 //! the agent's own containerd, the echo image from the local registry.
 
+use super::cpu_seconds;
 use super::plot::{self, Chart, Series};
 use crate::images::{self, target_dir};
 use crate::setup::{root, run};
@@ -159,24 +160,6 @@ fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> Result<bool>) -
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
-}
-
-/// CPU seconds (user + system) a process has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .map(|(_, r)| r.split(' ').collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
 /// Resident memory in MiB.

@@ -33,6 +33,7 @@ use kube::Client;
 use serde_json::{json, Value};
 use skiff_tests::apiserver::ApiServerProcess;
 
+use super::cpu_seconds;
 use super::plot::{self, Chart, Series};
 use crate::setup::{root, run};
 
@@ -245,26 +246,6 @@ fn metric(text: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-/// CPU seconds (user + system) a process has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
 async fn client(kubeconfig: &Path) -> Result<Client> {

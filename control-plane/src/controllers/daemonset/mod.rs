@@ -29,7 +29,7 @@ use kube::{Client, Resource, ResourceExt};
 use super::deployment::util::{pod_template_hash, scaled_value};
 use super::{pods, Context};
 use crate::machinery::LabelSelector;
-use crate::runtime::owner::{self, controller_of, BY_CONTROLLER_UID, ORPHANS_BY_NAMESPACE};
+use crate::runtime::owner::{self, controller_of};
 use crate::runtime::{
     Action, Change, Controller, EventType, Expectations, Informer, ObjectKey, ReconcileError,
     Reconciler, Recorder, WorkQueue,
@@ -225,7 +225,7 @@ impl Reconciler for DaemonSetController {
         let spec = template.spec.clone().unwrap_or_default();
         let mut nodes = self.nodes.list();
         nodes.sort_by_key(|n| n.name_any());
-        let claimed = self.claim_pods(&ds, &sel).await?;
+        let claimed = owner::claim(&self.client, ds.as_ref(), &sel, &self.pods).await?;
         let mut by_node: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
         for p in claimed {
             if let Some(n) = placement::target_node(&p) {
@@ -278,53 +278,6 @@ fn is_rolling(ds: &DaemonSet) -> bool {
 }
 
 impl DaemonSetController {
-    async fn claim_pods(
-        &self,
-        ds: &DaemonSet,
-        sel: &LabelSelector,
-    ) -> Result<Vec<Arc<Pod>>, ReconcileError> {
-        let ns = ds.namespace().unwrap_or_default();
-        let uid = ds.uid().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        let deleting = ds.metadata.deletion_timestamp.is_some();
-        let mut claimed = Vec::new();
-        for p in self.pods.by_index(BY_CONTROLLER_UID, &uid) {
-            if p.namespace().as_deref() != Some(ns.as_str()) {
-                continue;
-            }
-            if sel.matches(p.labels()) {
-                claimed.push(p);
-            } else if !deleting {
-                owner::release(&api, &uid, p.as_ref()).await?;
-            }
-        }
-        if deleting {
-            return Ok(claimed);
-        }
-        let orphans: Vec<Arc<Pod>> = self
-            .pods
-            .by_index(ORPHANS_BY_NAMESPACE, &ns)
-            .into_iter()
-            .filter(|p| !pods::is_terminating(p) && sel.matches(p.labels()))
-            .collect();
-        if !orphans.is_empty() {
-            let fresh = Api::<DaemonSet>::namespaced(self.client.clone(), &ns)
-                .get_opt(&ds.name_any())
-                .await?;
-            if fresh
-                .as_ref()
-                .is_none_or(|f| f.uid() != ds.uid() || f.metadata.deletion_timestamp.is_some())
-            {
-                return Ok(claimed);
-            }
-            for p in orphans {
-                owner::adopt(&api, ds, p.as_ref()).await?;
-                claimed.push(p);
-            }
-        }
-        Ok(claimed)
-    }
-
     /// Creates missing daemon pods and deletes failed, surplus and misplaced ones; true if it
     /// wrote anything.
     async fn manage(

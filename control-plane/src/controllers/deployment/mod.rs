@@ -194,7 +194,7 @@ impl Reconciler for DeploymentController {
             }
             return Ok(Action::AwaitChange);
         }
-        let sets = self.claim_replica_sets(&d, &selector).await?;
+        let sets = owner::claim(&self.client, d.as_ref(), &selector, &self.sets).await?;
         let mut s = Sync {
             c: self,
             d: (*d).clone(),
@@ -216,56 +216,6 @@ impl Reconciler for DeploymentController {
         } else {
             s.rollout_rolling(&sets).await
         }
-    }
-}
-
-impl DeploymentController {
-    /// The ReplicaSets this Deployment controls after adoption and release.
-    async fn claim_replica_sets(
-        &self,
-        d: &Deployment,
-        selector: &LabelSelector,
-    ) -> Result<Vec<Arc<ReplicaSet>>, ReconcileError> {
-        let ns = d.namespace().unwrap_or_default();
-        let uid = d.uid().unwrap_or_default();
-        let api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &ns);
-        let deleting = d.metadata.deletion_timestamp.is_some();
-        let mut claimed = Vec::new();
-        for rs in self.sets.by_index(BY_CONTROLLER_UID, &uid) {
-            if rs.namespace().as_deref() != Some(ns.as_str()) {
-                continue;
-            }
-            if selector.matches(rs.labels()) {
-                claimed.push(rs);
-            } else if !deleting {
-                owner::release(&api, &uid, rs.as_ref()).await?;
-            }
-        }
-        if deleting {
-            return Ok(claimed);
-        }
-        let orphans: Vec<Arc<ReplicaSet>> = self
-            .sets
-            .by_index(ORPHANS_BY_NAMESPACE, &ns)
-            .into_iter()
-            .filter(|rs| rs.metadata.deletion_timestamp.is_none() && selector.matches(rs.labels()))
-            .collect();
-        if !orphans.is_empty() {
-            let fresh = Api::<Deployment>::namespaced(self.client.clone(), &ns)
-                .get_opt(&d.name_any())
-                .await?;
-            if fresh
-                .as_ref()
-                .is_none_or(|f| f.uid() != d.uid() || f.metadata.deletion_timestamp.is_some())
-            {
-                return Ok(claimed);
-            }
-            for rs in orphans {
-                owner::adopt(&api, d, rs.as_ref()).await?;
-                claimed.push(rs);
-            }
-        }
-        Ok(claimed)
     }
 }
 

@@ -212,7 +212,7 @@ impl Reconciler for ReplicaSetController {
         };
         let needs_sync =
             self.expectations.satisfied(key) && rs.metadata.deletion_timestamp.is_none();
-        let claimed = self.claim_pods(&rs, &selector).await?;
+        let claimed = owner::claim(&self.client, rs.as_ref(), &selector, &self.pods).await?;
         let active: Vec<Arc<Pod>> = claimed.into_iter().filter(|p| pods::is_active(p)).collect();
         let manage = if needs_sync {
             self.manage_replicas(key, &rs, &active).await
@@ -235,55 +235,6 @@ impl Reconciler for ReplicaSetController {
 }
 
 impl ReplicaSetController {
-    /// The pods this ReplicaSet controls after adoption and release.
-    async fn claim_pods(
-        &self,
-        rs: &ReplicaSet,
-        selector: &LabelSelector,
-    ) -> Result<Vec<Arc<Pod>>, ReconcileError> {
-        let ns = rs.namespace().unwrap_or_default();
-        let uid = rs.uid().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        let deleting = rs.metadata.deletion_timestamp.is_some();
-        let mut claimed = Vec::new();
-        for p in self.pods.by_index(BY_CONTROLLER_UID, &uid) {
-            if p.namespace().as_deref() != Some(ns.as_str()) {
-                continue;
-            }
-            if selector.matches(p.labels()) {
-                claimed.push(p);
-            } else if !deleting {
-                owner::release(&api, &uid, p.as_ref()).await?;
-            }
-        }
-        if deleting || selector.is_everything() {
-            return Ok(claimed);
-        }
-        let orphans: Vec<Arc<Pod>> = self
-            .pods
-            .by_index(ORPHANS_BY_NAMESPACE, &ns)
-            .into_iter()
-            .filter(|p| !pods::is_terminating(p) && selector.matches(p.labels()))
-            .collect();
-        if !orphans.is_empty() {
-            // Adopt only for a live ReplicaSet with the same uid (client-go's
-            // RecheckDeletionTimestamp): the cache may lag a deletion.
-            let sets: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &ns);
-            let fresh = sets.get_opt(&rs.name_any()).await?;
-            if fresh
-                .as_ref()
-                .is_none_or(|f| f.uid() != rs.uid() || f.metadata.deletion_timestamp.is_some())
-            {
-                return Ok(claimed);
-            }
-            for p in orphans {
-                owner::adopt(&api, rs, p.as_ref()).await?;
-                claimed.push(p);
-            }
-        }
-        Ok(claimed)
-    }
-
     async fn manage_replicas(
         &self,
         key: &ObjectKey,
