@@ -188,6 +188,69 @@ async fn readiness_probe_gates_the_ready_condition() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_startup_probe_holds_back_the_other_probes_and_restarts_when_it_fails() {
+    let node = TestNode::start("startup").await;
+    // Readiness and liveness would fail (404) and say so in Events, but they run only once the
+    // startup probe has passed, and that one probes a port nothing listens on.
+    let never = pod(json!({
+        "metadata": {"name": "never-started"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "echo", "image": ECHO_IMAGE,
+            "startupProbe": {"tcpSocket": {"port": 9999}, "periodSeconds": 1, "failureThreshold": 2},
+            "readinessProbe": {"httpGet": {"path": "/env/NOT_SET", "port": 8080}, "periodSeconds": 1},
+            "livenessProbe": {"httpGet": {"path": "/env/NOT_SET", "port": 8080}, "periodSeconds": 1}
+        }]}
+    }));
+    // The same with a startup probe that passes once the server listens.
+    let started = pod(json!({
+        "metadata": {"name": "started"},
+        "spec": {"containers": [{
+            "name": "echo", "image": ECHO_IMAGE,
+            "startupProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1, "failureThreshold": 30},
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1}
+        }]}
+    }));
+    let _a = node.spawn(&never);
+    let _b = node.spawn(&started);
+
+    let s = node.wait_status(&uid(&started), "started and Ready", T, |s| {
+        condition(s, "Ready")
+    });
+    let c = container(&s, "echo").unwrap();
+    assert_eq!((c.started, c.ready, c.restart_count), (Some(true), true, 0));
+
+    let s = node.wait_status(&uid(&never), "restarted by its startup probe", T, |s| {
+        container(s, "echo").is_some_and(|c| c.restart_count >= 1)
+    });
+    let c = container(&s, "echo").unwrap();
+    assert_ne!(c.started, Some(true), "{c:?}");
+    assert!(
+        !c.ready && !condition(&s, "Ready"),
+        "readiness never ran: {c:?}"
+    );
+    let events = node.events(&uid(&never));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_str() == "Unhealthy"
+                && e.message.starts_with("Startup probe failed")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.reason.as_str() == "Killing"
+            && e.message
+                .contains("failed startup probe, will be restarted")),
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.message.starts_with("Readiness") || e.message.starts_with("Liveness")),
+        "only the startup probe ran: {events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_bad_image_ends_in_image_pull_back_off_with_the_error_in_an_event() {
     let node = TestNode::start("badimg").await;
     let p = pod(json!({
