@@ -80,6 +80,12 @@ pub fn conflist(layout: &Layout, node: &NodeName, cidr: Cidr) -> serde_json::Val
                 "routes": [{"dst": "0.0.0.0/0"}],
                 "dataDir": layout.cni_ipam_dir(),
             },
+        }, {
+            // hostPort: the runtime passes the sandbox's port mappings; DNAT from the node's
+            // addresses (and SNAT for the node's own connections to them).
+            "type": "portmap",
+            "capabilities": {"portMappings": true},
+            "snat": true,
         }],
     })
 }

@@ -251,6 +251,33 @@ async fn a_startup_probe_holds_back_the_other_probes_and_restarts_when_it_fails(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_host_port_forwards_the_nodes_port_to_the_pod() {
+    let node = TestNode::start("hostport").await;
+    // A port of this test's own (tests run in parallel on one host).
+    let host_port = 20000 + (std::process::id() % 10000) as u16;
+    let p = pod(json!({
+        "metadata": {"name": "hp"},
+        "spec": {"containers": [{
+            "name": "echo", "image": ECHO_IMAGE,
+            "env": [{"name": "POD_NAME", "value": "hp"}],
+            "ports": [{"containerPort": 8080, "hostPort": host_port}]
+        }]}
+    }));
+    let _h = node.spawn(&p);
+    node.wait_status(&uid(&p), "Running", T, |s| phase(s) == "Running");
+    // The node's address on the pod network (the bridge's): the connection is DNATed to the
+    // pod by the portmap plugin's rules.
+    let cidr: node::cni::Cidr = node.rt.subnet.cidr().parse().unwrap();
+    let addr = format!("{}:{host_port}", cidr.gateway());
+    let body = skiff_tests::wait_until_async("the host port answers", T, || {
+        let addr = addr.clone();
+        async move { http_get(&addr, "/").await }
+    })
+    .await;
+    assert!(body.starts_with("pod=hp "), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_bad_image_ends_in_image_pull_back_off_with_the_error_in_an_event() {
     let node = TestNode::start("badimg").await;
     let p = pod(json!({

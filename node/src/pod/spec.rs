@@ -110,6 +110,7 @@ pub fn sandbox_config(pod: &Pod, ctx: &NodeContext, attempt: u32) -> cri::PodSan
             })
     });
     let log_dir = ctx.layout.pod_log_dir(&ns, &name, &uid);
+    let port_mappings = host_ports(pod);
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name,
@@ -118,6 +119,7 @@ pub fn sandbox_config(pod: &Pod, ctx: &NodeContext, attempt: u32) -> cri::PodSan
             attempt,
         }),
         hostname,
+        port_mappings,
         log_directory: log_dir.to_string_lossy().into_owned(),
         labels: pod_labels(pod),
         annotations: m
@@ -137,6 +139,30 @@ pub fn sandbox_config(pod: &Pod, ctx: &NodeContext, attempt: u32) -> cri::PodSan
         }),
         ..Default::default()
     }
+}
+
+/// The containers' ports that ask for a host port, as CRI port mappings (the CNI portmap
+/// plugin forwards the node's port to the pod). A hostNetwork pod listens on the node itself.
+pub fn host_ports(pod: &Pod) -> Vec<cri::PortMapping> {
+    if host_network(pod) {
+        return Vec::new();
+    }
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| cri::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => cri::Protocol::Udp,
+                Some("SCTP") => cri::Protocol::Sctp,
+                _ => cri::Protocol::Tcp,
+            } as i32,
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or_default(),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// Everything a container config needs besides the Pod and the spec.
