@@ -278,6 +278,65 @@ async fn a_host_port_forwards_the_nodes_port_to_the_pod() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_memory_empty_dir_is_a_tmpfs_of_its_size_limit_gone_with_the_pod() {
+    let node = TestNode::start("tmpfs").await;
+    let mount = json!([{"name": "scratch", "mountPath": "/scratch"}]);
+    let p = pod(json!({
+        "metadata": {"name": "mem"},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "2Mi"}}],
+            "initContainers": [{"name": "w", "image": ECHO_IMAGE, "volumeMounts": mount,
+                "command": ["/echo", "write", "/scratch/f", "hello"]}],
+            "containers": [{"name": "echo", "image": ECHO_IMAGE, "volumeMounts": mount}]}
+    }));
+    let h = node.spawn(&p);
+    node.wait_status(&uid(&p), "Running", T, |s| phase(s) == "Running");
+
+    let dir = node
+        .rt
+        .layout
+        .pod_dir(&uid(&p))
+        .join("volumes/empty-dir/scratch");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == dir.to_str())
+        .unwrap_or_else(|| panic!("{} is not a mount point", dir.display()));
+    let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+    assert_eq!(fstype, Some("tmpfs"), "{line}");
+    let st = nix::sys::statvfs::statvfs(&dir).unwrap();
+    assert_eq!(
+        st.blocks() as u64 * st.fragment_size() as u64,
+        2 << 20,
+        "sizeLimit is the tmpfs size"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("f")).unwrap(),
+        "hello",
+        "what the init container wrote is there for the app container"
+    );
+
+    let mut deleted = p.clone();
+    deleted.metadata.deletion_timestamp = Some(node::pod::now());
+    h.pod.send_replace(deleted);
+    skiff_tests::wait_until("the pod removed", T, || {
+        node.collector
+            .terminated
+            .lock()
+            .unwrap()
+            .contains(&uid(&p))
+            .then_some(())
+            .ok_or(())
+    });
+    skiff_tests::wait_until("the tmpfs unmounted and the pod dir gone", T, || {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mounted = info.lines().any(|l| l.split(' ').nth(4) == dir.to_str());
+        let exists = node.rt.layout.pod_dir(&uid(&p)).exists();
+        (!mounted && !exists).then_some(()).ok_or((mounted, exists))
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_bad_image_ends_in_image_pull_back_off_with_the_error_in_an_event() {
     let node = TestNode::start("badimg").await;
     let p = pod(json!({

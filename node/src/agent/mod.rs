@@ -305,7 +305,7 @@ pub async fn remove_all_pods(cri: &Cri) {
 pub fn remove_node_traces(name: &NodeName, layout: &Layout) {
     cni::remove_bridge(name);
     crate::cgroups::remove_tree(&name.cgroup_root());
-    let _ = std::fs::remove_dir_all(layout.root().join("pods"));
+    crate::pod::volumes::remove_pod_dir(&layout.root().join("pods"));
 }
 
 /// Removes everything an agent of `name` left under `layout` and on the machine: every

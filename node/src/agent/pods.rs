@@ -121,7 +121,7 @@ impl Pods {
             let _ = cri.remove_pod_sandbox(&s.id).await;
             if !owner.is_empty() {
                 crate::cgroups::remove_tree(&self.ctx.node.pod_cgroup(&owner));
-                let _ = std::fs::remove_dir_all(self.ctx.layout.pod_dir(&owner));
+                crate::pod::volumes::remove_pod_dir(&self.ctx.layout.pod_dir(&owner));
             }
             self.metrics.runtime_gc_removed.inc();
         }

@@ -4,6 +4,7 @@
 use super::env::{config_map_data, field, secret_data, PodFacts};
 use super::Objects;
 use crate::layout::Layout;
+use control_plane::machinery::quantity::Quantity;
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, KeyToPath, Pod};
 use std::collections::{BTreeMap, HashMap};
@@ -44,9 +45,17 @@ pub async fn prepare(
     let mut out = Volumes::default();
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let io = |e: std::io::Error| err(&v.name, e.to_string());
-        let path = if v.empty_dir.is_some() {
+        let path = if let Some(ed) = &v.empty_dir {
             let p = root.join("empty-dir").join(&v.name);
             std::fs::create_dir_all(&p).map_err(io)?;
+            if ed.medium.as_deref() == Some("Memory") && !is_mount_point(&p) {
+                let size = ed
+                    .size_limit
+                    .as_ref()
+                    .and_then(|q| Quantity::parse(&q.0).ok())
+                    .map(|q| q.value());
+                mount_tmpfs(&p, size).map_err(io)?;
+            }
             // Writable by any user the container runs as, as emptyDir is.
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).map_err(io)?;
             p
@@ -215,7 +224,59 @@ impl Volumes {
 pub fn remove(layout: &Layout, pod: &Pod) {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     if !uid.is_empty() {
-        let _ = std::fs::remove_dir_all(layout.pod_dir(uid));
+        remove_pod_dir(&layout.pod_dir(uid));
+    }
+}
+
+/// Removes a pod's directory, unmounting what is mounted below it first (memory-backed
+/// emptyDirs), so no mount outlives its pod and no tmpfs content is left behind.
+pub fn remove_pod_dir(dir: &Path) {
+    unmount_below(dir);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An emptyDir with `medium: Memory`: a tmpfs of its own, `sizeLimit` as its size (the
+/// kubelet does the same; what is written there counts against the pod's memory).
+fn mount_tmpfs(dir: &Path, size: Option<i64>) -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let mut options = "mode=0777".to_string();
+    if let Some(bytes) = size.filter(|b| *b > 0) {
+        options.push_str(&format!(",size={bytes}"));
+    }
+    mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// The mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        // Spaces and such are octal-escaped in mountinfo; pod paths have none.
+        .map(PathBuf::from)
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    found.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    found
+}
+
+fn is_mount_point(dir: &Path) -> bool {
+    mounts_below(dir).iter().any(|m| m == dir)
+}
+
+/// Detaches every mount at or below `dir`.
+pub fn unmount_below(dir: &Path) {
+    for m in mounts_below(dir) {
+        if let Err(e) = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!(path = %m.display(), error = %e, "unmounting a pod volume failed");
+        }
     }
 }
 
