@@ -33,6 +33,13 @@ enum Command {
         /// The node's InternalIP (default: the first global IPv4 address).
         #[arg(long)]
         node_ip: Option<Ipv4Addr>,
+        /// Hard eviction thresholds that raise the pressure conditions, as the kubelet's
+        /// flag: memory.available, nodefs.available, nodefs.inodesFree, pid.available.
+        #[arg(
+            long,
+            default_value = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%"
+        )]
+        eviction_hard: node::agent::pressure::Thresholds,
         /// The kubelet API, /healthz and /metrics.
         #[arg(long, default_value = "0.0.0.0:10250")]
         listen: SocketAddr,
@@ -70,6 +77,7 @@ async fn main() -> Result<()> {
             data_dir,
             cri_socket,
             node_ip,
+            eviction_hard,
             listen,
             pause_image,
             insecure_registry,
@@ -94,6 +102,7 @@ async fn main() -> Result<()> {
             let mut config = AgentConfig::new(NodeName::new(name), data_dir, runtime);
             config.cri_socket = cri_socket;
             config.node_ip = node_ip;
+            config.eviction_hard = eviction_hard;
             config.listen = listen;
             let agent = RunningAgent::start(config, client).await?;
             let mut term =

@@ -251,3 +251,49 @@ async fn raw_get(addr: &str, path: &str) -> String {
     s.read_to_string(&mut out).await.unwrap();
     out
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pressure_conditions_follow_the_eviction_thresholds() {
+    // Thresholds this machine cannot meet (more memory and pids free than exist) raise
+    // MemoryPressure and PIDPressure; the disk ones, at the defaults, stay False.
+    let c = Cluster::start_with("pressure", |config| {
+        config.eviction_hard = "memory.available<1000Ti,pid.available<100%,nodefs.available<10%"
+            .parse()
+            .unwrap();
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let conditions = wait_until_async("the node's conditions", T, || {
+        let nodes = nodes.clone();
+        let name = c.node_name();
+        async move {
+            let node = nodes.get(&name).await.map_err(|e| e.to_string())?;
+            let conditions: std::collections::BTreeMap<String, (String, String)> = node
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| (c.type_, (c.status, c.reason.unwrap_or_default())))
+                .collect();
+            if conditions.len() == 5 {
+                Ok(conditions)
+            } else {
+                Err(format!("{conditions:?}"))
+            }
+        }
+    })
+    .await;
+    let of = |t: &str| conditions[t].clone();
+    assert_eq!(
+        of("MemoryPressure"),
+        ("True".into(), "KubeletHasInsufficientMemory".into())
+    );
+    assert_eq!(
+        of("PIDPressure"),
+        ("True".into(), "KubeletHasInsufficientPID".into())
+    );
+    assert_eq!(
+        of("DiskPressure"),
+        ("False".into(), "KubeletHasNoDiskPressure".into())
+    );
+}

@@ -6,6 +6,7 @@
 mod events;
 mod node_status;
 pub mod pods;
+pub mod pressure;
 mod report;
 mod routes;
 
@@ -49,6 +50,10 @@ pub struct AgentConfig {
     pub lease_interval: Duration,
     pub lease_duration_secs: i32,
     pub status_interval: Duration,
+    /// Hard eviction thresholds that raise the Memory/Disk/PID pressure conditions.
+    pub eviction_hard: pressure::Thresholds,
+    /// How often the machine is sampled for them (the kubelet's housekeeping: 10 s).
+    pub pressure_interval: Duration,
 }
 
 impl AgentConfig {
@@ -69,6 +74,8 @@ impl AgentConfig {
             lease_interval: Duration::from_secs(10),
             lease_duration_secs: 40,
             status_interval: Duration::from_secs(60),
+            eviction_hard: pressure::Thresholds::default(),
+            pressure_interval: Duration::from_secs(10),
         }
     }
 }
@@ -152,6 +159,7 @@ impl RunningAgent {
             runtime_version: format!("{}://{}", version.runtime_name, version.runtime_version),
             kubelet_port: addr.port(),
             network_unavailable: Some("network not ready: no podCIDR assigned".into()),
+            pressure: pressure::evaluate(&config.eviction_hard, &pressure::observe(layout.root())),
         };
         let node = node_status::register(&client, &facts)
             .await
@@ -219,6 +227,13 @@ impl RunningAgent {
             client.clone(),
             facts_rx,
             config.status_interval,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(pressure_loop(
+            layout.root().to_path_buf(),
+            config.eviction_hard.clone(),
+            config.pressure_interval,
+            facts_tx.clone(),
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(node_watch(
@@ -362,6 +377,38 @@ async fn status_loop(
         if let Err(e) = node_status::update_status(&client, &f).await {
             warn!(error = %e, "updating the node status failed");
         }
+    }
+}
+
+/// Samples the machine every `every`; a pressure condition that changes is written at once.
+async fn pressure_loop(
+    data_dir: PathBuf,
+    thresholds: pressure::Thresholds,
+    every: Duration,
+    facts: watch::Sender<NodeFacts>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+        let seen = pressure::observe(&data_dir);
+        let now = pressure::evaluate(&thresholds, &seen);
+        facts.send_if_modified(|f| {
+            if f.pressure == now {
+                return false;
+            }
+            info!(
+                memory = now.memory,
+                disk = now.disk,
+                pid = now.pid,
+                ?seen,
+                "node pressure changed"
+            );
+            f.pressure = now;
+            true
+        });
     }
 }
 

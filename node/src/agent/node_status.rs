@@ -30,6 +30,8 @@ pub struct NodeFacts {
     pub kubelet_port: u16,
     /// Why pods cannot get a network yet (no podCIDR), if so.
     pub network_unavailable: Option<String>,
+    /// Which pressure conditions hold (`pressure.rs`).
+    pub pressure: super::pressure::Pressure,
 }
 
 fn machine_cpus() -> String {
@@ -116,27 +118,57 @@ pub fn status(facts: &NodeFacts) -> NodeStatus {
                     &now,
                 )
             },
-            condition(
-                "MemoryPressure",
-                false,
-                "KubeletHasSufficientMemory",
-                "kubelet has sufficient memory available",
-                &now,
-            ),
-            condition(
-                "DiskPressure",
-                false,
-                "KubeletHasNoDiskPressure",
-                "kubelet has no disk pressure",
-                &now,
-            ),
-            condition(
-                "PIDPressure",
-                false,
-                "KubeletHasSufficientPID",
-                "kubelet has sufficient PID available",
-                &now,
-            ),
+            if facts.pressure.memory {
+                condition(
+                    "MemoryPressure",
+                    true,
+                    "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available",
+                    &now,
+                )
+            } else {
+                condition(
+                    "MemoryPressure",
+                    false,
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                    &now,
+                )
+            },
+            if facts.pressure.disk {
+                condition(
+                    "DiskPressure",
+                    true,
+                    "KubeletHasDiskPressure",
+                    "kubelet has disk pressure",
+                    &now,
+                )
+            } else {
+                condition(
+                    "DiskPressure",
+                    false,
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure",
+                    &now,
+                )
+            },
+            if facts.pressure.pid {
+                condition(
+                    "PIDPressure",
+                    true,
+                    "KubeletHasInsufficientPID",
+                    "kubelet has insufficient PID available",
+                    &now,
+                )
+            } else {
+                condition(
+                    "PIDPressure",
+                    false,
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available",
+                    &now,
+                )
+            },
             condition(
                 "NetworkUnavailable",
                 !ready,

@@ -28,6 +28,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start(tag: &str) -> Cluster {
+        Cluster::start_with(tag, |_| {}).await
+    }
+
+    /// [`Cluster::start`] with the agent's config changed by `adjust` first.
+    pub async fn start_with(tag: &str, adjust: impl FnOnce(&mut AgentConfig)) -> Cluster {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter("node=info")
@@ -56,6 +61,7 @@ impl Cluster {
         config.node_ip = Some(std::net::Ipv4Addr::LOCALHOST);
         config.timing = test_timing();
         config.lease_interval = Duration::from_secs(1);
+        adjust(&mut config);
         let agent = RunningAgent::start(config.clone(), client.clone())
             .await
             .unwrap();
