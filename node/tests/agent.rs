@@ -156,6 +156,20 @@ async fn pods_run_report_and_survive_an_agent_restart() {
     };
     let stray_id = cri.run_pod_sandbox(stray).await.unwrap();
     let before = pod.status.clone().unwrap();
+    let ready_since = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.last_transition_time.clone())
+    };
+    let ready_at = ready_since(&nodes.get(&c.node_name()).await.unwrap()).unwrap();
+    // Let the clock pass the transition's second, so a rewritten time would differ.
+    skiff_tests::wait_until("a second after Ready", T, || {
+        (k8s_openapi::jiff::Timestamp::now().as_second() > ready_at.0.as_second())
+            .then_some(())
+            .ok_or(())
+    });
     c.restart_agent().await;
     let cri = c.agent().cri();
     wait_until_async("the stray sandbox removed", T, || {
@@ -184,6 +198,11 @@ async fn pods_run_report_and_survive_an_agent_restart() {
             .clone()
     };
     assert_eq!(cid(&after), cid(&before), "the same container, adopted");
+    assert_eq!(
+        ready_since(&nodes.get(&c.node_name()).await.unwrap()),
+        Some(ready_at),
+        "the restarted agent keeps the Ready condition's transition time"
+    );
     assert_eq!(
         after.container_statuses.as_ref().unwrap()[0].restart_count,
         0

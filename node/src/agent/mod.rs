@@ -166,10 +166,10 @@ impl RunningAgent {
             .map_err(AgentError::Register)?;
         if let Some(cidr) = pod_cidr(&node) {
             configure_network(&layout, &config.name, cidr, &mut facts);
-            node_status::update_status(&client, &facts)
-                .await
-                .map_err(AgentError::Register)?;
         }
+        let node = node_status::update_status(&client, &facts, Some(&node))
+            .await
+            .map_err(AgentError::Register)?;
         info!(node = %config.name, ip = %ip, runtime = %facts.runtime_version, "node registered");
 
         let metrics = Arc::new(Metrics::default());
@@ -219,12 +219,13 @@ impl RunningAgent {
         })];
         tasks.push(tokio::spawn(lease_loop(
             client.clone(),
-            node,
+            node.clone(),
             config.clone(),
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(status_loop(
             client.clone(),
+            node.clone(),
             facts_rx,
             config.status_interval,
             shutdown.clone(),
@@ -363,6 +364,7 @@ async fn lease_loop(client: Client, node: Node, config: AgentConfig, stop: Cance
 
 async fn status_loop(
     client: Client,
+    mut last: Node,
     mut facts: watch::Receiver<NodeFacts>,
     every: Duration,
     stop: CancellationToken,
@@ -374,8 +376,9 @@ async fn status_loop(
             _ = stop.cancelled() => return,
         }
         let f = facts.borrow_and_update().clone();
-        if let Err(e) = node_status::update_status(&client, &f).await {
-            warn!(error = %e, "updating the node status failed");
+        match node_status::update_status(&client, &f, Some(&last)).await {
+            Ok(written) => last = written,
+            Err(e) => warn!(error = %e, "updating the node status failed"),
         }
     }
 }

@@ -219,7 +219,8 @@ fn os_image() -> String {
         .unwrap_or_else(|| "Linux".into())
 }
 
-/// Creates the Node (or takes over an existing one, keeping its spec) and writes its status.
+/// Creates the Node, or takes over an existing one as it is (an agent restart: the caller then
+/// writes the status with the podCIDR known, so no condition flaps).
 pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let name = facts.name.to_string();
@@ -240,14 +241,45 @@ pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, kube::
     };
     match api.create(&PostParams::default(), &node).await {
         Ok(n) => Ok(n),
-        Err(kube::Error::Api(s)) if s.code == 409 => update_status(client, facts).await,
+        // Registered before (an agent restart): the Node as it is; the caller writes the
+        // status once it knows its podCIDR again, keeping the conditions' transition times.
+        Err(kube::Error::Api(s)) if s.code == 409 => api.get(&name).await,
         Err(e) => Err(e),
     }
 }
 
-pub async fn update_status(client: &Client, facts: &NodeFacts) -> Result<Node, kube::Error> {
+/// Keeps each condition's lastTransitionTime from `before` (the Node as last written) while
+/// its status is unchanged, as the kubelet does: the time says when it last changed.
+pub fn carry_transitions(status: &mut NodeStatus, before: Option<&Node>) {
+    let Some(old) = before
+        .and_then(|n| n.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+    else {
+        return;
+    };
+    for c in status.conditions.iter_mut().flatten() {
+        if let Some(prev) = old
+            .iter()
+            .find(|o| o.type_ == c.type_ && o.status == c.status)
+        {
+            if prev.last_transition_time.is_some() {
+                c.last_transition_time = prev.last_transition_time.clone();
+            }
+        }
+    }
+}
+
+/// Writes the node's status; `before` is the Node as last written (or read), whose
+/// conditions' transition times carry over.
+pub async fn update_status(
+    client: &Client,
+    facts: &NodeFacts,
+    before: Option<&Node>,
+) -> Result<Node, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
-    let patch = serde_json::json!({"status": status(facts)});
+    let mut status = status(facts);
+    carry_transitions(&mut status, before);
+    let patch = serde_json::json!({"status": status});
     api.patch_status(
         facts.name.as_str(),
         &PatchParams::default(),
@@ -311,4 +343,49 @@ pub async fn renew_lease(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_times_change_only_with_the_status() {
+        let facts = NodeFacts {
+            name: NodeName::new("n1".to_string()),
+            ip: "10.0.0.2".into(),
+            runtime_version: "containerd://1.6".into(),
+            kubelet_port: 10250,
+            network_unavailable: None,
+            pressure: Default::default(),
+        };
+        let long_ago = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        );
+        let mut before = status(&facts);
+        for c in before.conditions.iter_mut().flatten() {
+            c.last_transition_time = Some(long_ago.clone());
+        }
+        let before = Node {
+            status: Some(before),
+            ..Default::default()
+        };
+        // Nothing written before: every condition starts now.
+        let mut first = status(&facts);
+        carry_transitions(&mut first, None);
+        assert!(first
+            .conditions
+            .iter()
+            .flatten()
+            .all(|c| c.last_transition_time.as_ref() != Some(&long_ago)));
+        // Memory pressure appears: only that condition transitions.
+        let mut pressured = facts.clone();
+        pressured.pressure.memory = true;
+        let mut now = status(&pressured);
+        carry_transitions(&mut now, Some(&before));
+        for c in now.conditions.iter().flatten() {
+            let kept = c.last_transition_time.as_ref() == Some(&long_ago);
+            assert_eq!(kept, c.type_ != "MemoryPressure", "{c:?}");
+        }
+    }
 }
