@@ -7,7 +7,6 @@
 use control_plane::apiserver::{Config, RunningServer, Server};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use serde_json::json;
 
@@ -19,11 +18,10 @@ async fn start() -> (RunningServer, Client, tempfile::TempDir) {
     ))
     .await
     .unwrap();
-    let kc = Kubeconfig::read_from(server.kubeconfig_path()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
         .await
         .unwrap();
-    (server, Client::try_from(config).unwrap(), dir)
+    (server, client, dir)
 }
 
 fn bound_pod(name: &str, finalizers: &[&str]) -> Pod {

@@ -7,7 +7,6 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::events::v1 as events;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use serde_json::json;
 use skiff_tests::kubectl::Kubectl;
@@ -20,11 +19,10 @@ async fn start() -> (RunningServer, Client, tempfile::TempDir) {
     ))
     .await
     .unwrap();
-    let kc = Kubeconfig::read_from(server.kubeconfig_path()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
         .await
         .unwrap();
-    (server, Client::try_from(config).unwrap(), dir)
+    (server, client, dir)
 }
 
 /// A core/v1 Event as the kubelet writes it.

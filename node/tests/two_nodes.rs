@@ -9,7 +9,6 @@ use common::settings;
 use control_plane::apiserver::{Config, RunningServer, Server};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use node::cri::Cri;
 use serde_json::json;
@@ -194,13 +193,9 @@ async fn two_nodes() -> TwoNodes {
     .unwrap();
     let relay = Relay::start(&format!("{host_ip}:5000"), REGISTRY).await;
     let kubeconfig = server.kubeconfig_path().to_path_buf();
-    let kc = Kubeconfig::read_from(&kubeconfig).unwrap();
-    let client = Client::try_from(
-        kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let client = control_plane::runtime::client::from_kubeconfig(&kubeconfig)
+        .await
+        .unwrap();
     let tag = std::process::id();
     let a = NodeProc::start(
         &format!("na{tag}"),

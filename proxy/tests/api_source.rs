@@ -29,11 +29,9 @@ fn ip(s: &str) -> IpAddr {
 }
 
 async fn client(kubeconfig: &Path) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+    control_plane::runtime::client::from_kubeconfig(kubeconfig)
         .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+        .unwrap()
 }
 
 fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {

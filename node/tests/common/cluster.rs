@@ -6,7 +6,6 @@ use super::{settings, test_timing};
 use control_plane::apiserver::{Config, RunningServer, Server};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use node::agent::{AgentConfig, RunningAgent};
 use node::names::NodeName;
@@ -48,13 +47,9 @@ impl Cluster {
         ))
         .await
         .unwrap();
-        let kc = Kubeconfig::read_from(server.kubeconfig_path()).unwrap();
-        let client = Client::try_from(
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .unwrap(),
-        )
-        .unwrap();
+        let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
+            .await
+            .unwrap();
         let name = NodeName::new(format!("a{}-{tag}", std::process::id()));
         let mut config = AgentConfig::new(name, dir.path().join("node"), settings());
         config.listen = "127.0.0.1:0".parse().unwrap();

@@ -14,11 +14,11 @@ use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use serde_json::json;
 use skiff_tests::apiserver::ApiServerProcess;
 
+use super::client;
 use super::plot::{self, Chart, Series};
 use crate::setup::{root, run};
 
@@ -101,12 +101,6 @@ fn tempdir() -> Result<PathBuf> {
     Ok(d)
 }
 
-async fn client(server: &ApiServerProcess) -> Result<Client> {
-    let kc = Kubeconfig::read_from(server.kubeconfig())?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
-}
-
 async fn namespace(c: &Client, name: &str) -> Result<()> {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     Api::<Namespace>::all(c.clone())
@@ -159,7 +153,7 @@ where
 }
 
 async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
-    let c = client(server).await?;
+    let c = client(&server.kubeconfig()).await?;
     let pid = server.pid().context("server pid")?;
     let rss_empty_kib = rss_kib(pid)?;
     let mut samples = Vec::new();
@@ -303,7 +297,7 @@ async fn watch_latency(
         .unwrap_or_default();
     let mut tasks = Vec::new();
     // Watchers get their own clients (connection pools) so they do not queue behind writes.
-    let watch_client = client(server).await?;
+    let watch_client = client(&server.kubeconfig()).await?;
     for _ in 0..watchers {
         let api: Api<ConfigMap> = Api::namespaced(watch_client.clone(), &ns);
         let mut stream = api

@@ -49,3 +49,12 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     // utime and stime: fields 14 and 15 of stat, 11 and 12 after the command name.
     (ticks(11) + ticks(12)) / hz.max(1.0)
 }
+
+/// A kube client for the admin kubeconfig at `path`.
+pub async fn client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    Ok(kube::Client::try_from(config)?)
+}

@@ -27,14 +27,12 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::Client;
 use serde_json::{json, Value};
 use skiff_tests::apiserver::ApiServerProcess;
 
-use super::cpu_seconds;
 use super::plot::{self, Chart, Series};
+use super::{client, cpu_seconds};
 use crate::setup::{root, run};
 
 #[derive(clap::Args)]
@@ -246,12 +244,6 @@ fn metric(text: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-async fn client(kubeconfig: &Path) -> Result<Client> {
-    let kc = Kubeconfig::read_from(kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
 }
 
 fn node(i: usize) -> Node {
