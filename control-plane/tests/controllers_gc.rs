@@ -8,7 +8,7 @@ mod controllers_support;
 
 use std::time::Duration;
 
-use controllers_support::{fast_settings, Cluster};
+use controllers_support::{deployment, fast_settings, Cluster};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, PropagationPolicy};
@@ -17,19 +17,6 @@ use serde_json::json;
 use skiff_tests::wait_until_async;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn deployment(name: &str, replicas: i32) -> Deployment {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}},
-        },
-    }))
-    .unwrap()
-}
 
 /// Creates the Deployment in `ns` and waits for its pods to run.
 async fn running(c: &Cluster, ns: &str, name: &str, replicas: usize) {

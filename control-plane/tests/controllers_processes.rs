@@ -6,9 +6,10 @@
 
 mod controllers_support;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use controllers_support::{http_get, metric, Cluster, Nodes, Process};
+use controllers_support::{deployment, http_get, metric, Cluster, Nodes, Process};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -19,6 +20,34 @@ use skiff_tests::kubectl::Kubectl;
 use skiff_tests::wait_until_async;
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// The all-in-one `server` binary on a data dir under `dir`, with `extra` flags; once its
+/// ops endpoint serves: the process, a client, and the kubeconfig it wrote.
+async fn start_server(dir: &Path, extra: &[&str]) -> (Process, kube::Client, PathBuf) {
+    let kubeconfig = dir.join("kubeconfig");
+    let data = dir.join("data");
+    let mut args = vec![
+        "server",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--write-kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--controller-manager-bind-address",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let server = Process::spawn(&args, &dir.join("server.log"));
+    server.wait_log_field("ops endpoint serving", "addr").await;
+    let client = wait_until_async("a client", WAIT, || async {
+        control_plane::runtime::client::from_kubeconfig(&kubeconfig)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    (server, client, kubeconfig)
+}
 
 /// `kubectl rollout status`; on failure the ReplicaSets, pods and the server's last log lines
 /// say why.
@@ -37,19 +66,6 @@ fn rollout_status(k: &Kubectl, server: &Process) -> String {
         );
     }
     r.stdout
-}
-
-fn deployment(name: &str, replicas: i32) -> Deployment {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}},
-        },
-    }))
-    .unwrap()
 }
 
 async fn holder(api: &Api<Lease>) -> Option<String> {
@@ -216,31 +232,8 @@ async fn two_controller_managers_never_both_act() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_all_in_one_server_rolls_out_and_back_with_kubectl() {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    let data = dir.path().join("data");
-    let mut server = Process::spawn(
-        &[
-            "server",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--write-kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--controller-manager-bind-address",
-            "127.0.0.1:0",
-            "--scheduler-bind-address",
-            "127.0.0.1:0",
-        ],
-        &dir.path().join("server.log"),
-    );
-    server.wait_log_field("ops endpoint serving", "addr").await;
-    let client = wait_until_async("a client", WAIT, || async {
-        control_plane::runtime::client::from_kubeconfig(&kubeconfig)
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    let (mut server, client, kubeconfig) =
+        start_server(dir.path(), &["--scheduler-bind-address", "127.0.0.1:0"]).await;
     let nodes = Nodes::start(client.clone(), &["node-1", "node-2"]).await;
     let k = Kubectl::new(&kubeconfig, dir.path());
     k.ok(&[
@@ -351,31 +344,8 @@ async fn the_all_in_one_server_rolls_out_and_back_with_kubectl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_scheduler_disabled_pods_stay_pending() {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    let data = dir.path().join("data");
-    let mut server = Process::spawn(
-        &[
-            "server",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--write-kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--controller-manager-bind-address",
-            "127.0.0.1:0",
-            "--disable",
-            "scheduler",
-        ],
-        &dir.path().join("server.log"),
-    );
-    server.wait_log_field("ops endpoint serving", "addr").await;
-    let client = wait_until_async("a client", WAIT, || async {
-        control_plane::runtime::client::from_kubeconfig(&kubeconfig)
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    let (mut server, client, kubeconfig) =
+        start_server(dir.path(), &["--disable", "scheduler"]).await;
     let nodes = Nodes::start(client.clone(), &["node-1"]).await;
     let k = Kubectl::new(&kubeconfig, dir.path());
     k.ok(&[

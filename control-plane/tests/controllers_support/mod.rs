@@ -618,3 +618,17 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
             .and_then(|rest| rest.trim().parse().ok())
     })
 }
+
+/// A Deployment of `replicas` nginx pods labelled `app: <name>`.
+pub fn deployment(name: &str, replicas: i32) -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}},
+        },
+    }))
+    .unwrap()
+}
