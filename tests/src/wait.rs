@@ -6,19 +6,31 @@ use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(20);
 
-/// Polls `probe` until it returns `Some`, or panics with `what` and the last observation
+/// Polls `probe` until it returns `Ok`, or panics with `what` and the last observation
 /// after `timeout`.
 pub fn wait_until<T, O: Debug>(
     what: &str,
     timeout: Duration,
-    mut probe: impl FnMut() -> Result<T, O>,
+    probe: impl FnMut() -> Result<T, O>,
 ) -> T {
+    try_wait_until(what, timeout, probe).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`wait_until`] for library code (the cluster fixture, `cargo xtask up`): the timeout is an
+/// error saying what was awaited and the last observation, not a panic.
+pub fn try_wait_until<T, O: Debug>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, O>,
+) -> Result<T, String> {
     let deadline = Instant::now() + timeout;
     loop {
         match probe() {
-            Ok(v) => return v,
+            Ok(v) => return Ok(v),
             Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {timeout:?} waiting for {what}; last: {last:?}")
+                return Err(format!(
+                    "timed out after {timeout:?} waiting for {what}; last: {last:?}"
+                ))
             }
             Err(_) => std::thread::sleep(POLL),
         }

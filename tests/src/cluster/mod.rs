@@ -139,25 +139,14 @@ fn kubeconfig_server_and_token(path: &Path) -> Option<(String, String)> {
     Some((field("server:")?, field("token:")?))
 }
 
-/// Waits for `probe` with a deadline (the library form of [`crate::wait_until`]: an error,
-/// not a panic).
+/// Waits for `probe` with a deadline: [`crate::wait::try_wait_until`] with this module's
+/// error.
 fn wait_for<T>(
     what: &str,
     timeout: Duration,
-    mut probe: impl FnMut() -> Result<T, String>,
+    probe: impl FnMut() -> Result<T, String>,
 ) -> Result<T, Error> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match probe() {
-            Ok(v) => return Ok(v),
-            Err(last) if Instant::now() >= deadline => {
-                return Err(Error::new(format!(
-                    "timed out after {timeout:?} waiting for {what}; last: {last}"
-                )))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
+    crate::wait::try_wait_until(what, timeout, probe).map_err(Error::new)
 }
 
 fn agent() -> ureq::Agent {
