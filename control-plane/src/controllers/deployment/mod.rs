@@ -530,6 +530,7 @@ impl Sync<'_> {
             .rs_api()
             .replace(&copy.name_any(), &PostParams::default(), &copy)
             .await?;
+        tracing::debug!(deployment = %self.key, replicaset = %copy.name_any(), from = current, to = size, rv = ?rs.resource_version(), written_rv = ?written.resource_version(), "scaled a replica set");
         if size_changes {
             let op = if current < size { "up" } else { "down" };
             self.c.recorder.event(
