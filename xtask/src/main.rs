@@ -5,6 +5,7 @@ mod bench;
 mod ebpf;
 mod images;
 mod setup;
+mod testrun;
 mod up;
 
 use anyhow::Result;
@@ -82,7 +83,7 @@ fn main() -> Result<()> {
             setup::all()?;
             images::all()?;
             ebpf::build()?;
-            setup::cargo(&["test", "--workspace", "--no-fail-fast"], &args)
+            testrun::cargo_test(&["test", "--workspace", "--no-fail-fast"], &args)
         }
     }
 }
