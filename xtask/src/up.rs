@@ -28,6 +28,10 @@ pub struct Opts {
     /// The API server's port on 127.0.0.1 (also the relay's port on the bridge).
     #[arg(long, default_value_t = 6443)]
     api_port: u16,
+    /// The node agents' hard eviction thresholds (`node run --eviction-hard`). The default
+    /// is an absolute disk floor, as the nodes share this machine's disk with its builds.
+    #[arg(long, default_value = cluster::DEV_EVICTION_HARD)]
+    eviction_hard: String,
     /// Only the service proxy on a manifests directory, in the foreground.
     #[arg(long)]
     proxy_only: bool,
@@ -106,6 +110,7 @@ pub fn up(opts: Opts) -> Result<()> {
     );
     spec.nodes = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
     spec.api_port = opts.api_port;
+    spec.eviction_hard = opts.eviction_hard;
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,
         args: vec!["relay".into()],

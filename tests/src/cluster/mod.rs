@@ -84,7 +84,17 @@ pub struct Spec {
     pub pause_image: String,
     /// Extra flags for `control-plane server`.
     pub control_plane_args: Vec<String>,
+    /// The node agents' `--eviction-hard` (DEV_EVICTION_HARD by default).
+    pub eviction_hard: String,
 }
+
+/// Hard eviction thresholds for nodes that share the machine's disk with its builds. The
+/// kubelet's `nodefs.available<10%` assumes a node's own disk; on a build machine a
+/// workspace's targets alone can leave less than 10% of a large disk free while tens of GiB
+/// remain, and every node would be tainted disk-pressure and nothing would schedule. An
+/// absolute floor says what matters here: room for the pods' images and logs.
+pub const DEV_EVICTION_HARD: &str =
+    "memory.available<100Mi,nodefs.available<1Gi,nodefs.inodesFree<1%";
 
 impl Spec {
     /// `nodes` nodes named `<name>-1`, `<name>-2`...; the API server on any free loopback
@@ -107,6 +117,7 @@ impl Spec {
             registry: crate::registry::REGISTRY.parse().expect("registry address"),
             pause_image: crate::registry::PAUSE_IMAGE.to_string(),
             control_plane_args: Vec::new(),
+            eviction_hard: DEV_EVICTION_HARD.to_string(),
         }
     }
 }
@@ -418,7 +429,9 @@ impl Cluster {
                 &spec.pause_image,
             ])
             .arg("--insecure-registry")
-            .arg(format!("{}=http://{registry_relay}", spec.registry));
+            .arg(format!("{}=http://{registry_relay}", spec.registry))
+            .arg("--eviction-hard")
+            .arg(&spec.eviction_hard);
         let pid = process::spawn(
             &mut cmd,
             &self.log(&format!("node-{name}")),
