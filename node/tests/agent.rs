@@ -6,7 +6,7 @@
 mod common;
 
 use common::cluster::{running_ready, Cluster, T};
-use common::http_get;
+use common::{http_get, http_get_owned};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, DeleteParams, ListParams};
@@ -254,9 +254,6 @@ async fn pods_run_report_and_survive_an_agent_restart() {
         }
     })
     .await;
-}
-async fn http_get_owned(addr: String) -> Result<String, String> {
-    http_get(&addr, "/").await
 }
 
 /// The raw response head and body, without following redirects.

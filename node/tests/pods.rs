@@ -54,10 +54,6 @@ async fn echo_pod_runs_answers_on_its_ip_and_reports_events_in_order() {
     assert!(s.start_time.is_some() && s.host_ip.as_deref() == Some("127.0.0.1"));
 }
 
-async fn http_get_owned(addr: String) -> Result<String, String> {
-    http_get(&addr, "/").await
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn two_containers_share_localhost_and_an_init_container_runs_first() {
     let node = TestNode::start("shared").await;
@@ -470,14 +466,26 @@ async fn a_missing_config_map_gives_failed_mount_until_it_appears() {
 #[tokio::test(flavor = "multi_thread")]
 async fn exceeding_the_memory_limit_ends_as_oom_killed() {
     let node = TestNode::start("oom").await;
+    // The server allocates only once asked, when the container is surely running: a
+    // process killed while its start is still in flight is reported by containerd as a
+    // plain Error (its OOM watch on the cgroup begins with the start), as in Kubernetes.
     let p = pod(json!({
         "metadata": {"name": "hog"},
         "spec": {"restartPolicy": "Never", "containers": [{
-            "name": "c", "image": ECHO_IMAGE, "args": ["alloc", "256"],
+            "name": "c", "image": ECHO_IMAGE,
             "resources": {"limits": {"memory": "32Mi"}}
         }]}
     }));
     let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "Running", T, |s| phase(s) == "Running");
+    let ip = s.pod_ip.clone().expect("a pod IP");
+    skiff_tests::wait_until_async("echo answers", T, || http_get_owned(format!("{ip}:8080"))).await;
+    // The answer never comes: the allocation kills the server.
+    let refused = http_get(&format!("{ip}:8080"), "/control/alloc/256").await;
+    assert!(
+        refused.is_err(),
+        "a 32Mi container held 256 MiB: {refused:?}"
+    );
     let s = node.wait_status(&uid(&p), "Failed", T, |s| phase(s) == "Failed");
     let t = container(&s, "c")
         .unwrap()

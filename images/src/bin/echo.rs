@@ -18,6 +18,8 @@ const USAGE: &str = "usage: echo [serve]
        echo alloc MIB                 allocate and touch MIB MiB, then sleep
        echo sleep SECONDS             sleep (0: forever)
        echo exit CODE                 exit with CODE
+serve: GET / (who answers), /healthz, /readyz, /env/NAME, /control/{healthy,unhealthy,ready,unready},
+       /control/alloc/MIB (allocate and hold MIB MiB)
 env: PORT (8080), POD_NAME (default: the host name), POD_NAMESPACE, POD_IP, NODE_NAME (downward API),
      IGNORE_SIGTERM=1 (only SIGKILL stops the server)";
 
@@ -124,6 +126,16 @@ fn answer(path: &str) -> (u16, String) {
             READY.store(path == "/control/ready", Ordering::Relaxed);
             (200, "ok\n".into())
         }
+        _ if path.starts_with("/control/alloc/") => {
+            match path["/control/alloc/".len()..].parse::<usize>() {
+                // Held for the rest of the process's life.
+                Ok(mib) => {
+                    std::mem::forget(touch(mib));
+                    (200, format!("allocated {mib} MiB\n"))
+                }
+                Err(_) => (400, "usage: /control/alloc/<MiB>\n".into()),
+            }
+        }
         _ => match path.strip_prefix("/env/") {
             Some(name) => match std::env::var(name) {
                 Ok(v) => (200, format!("{v}\n")),
@@ -181,13 +193,14 @@ fn fetch(url: &str, rest: &[&str]) -> Result<(), String> {
 
 fn alloc(mib: &str) -> Result<(), String> {
     let mib: usize = mib.parse().map_err(|_| format!("bad size {mib}"))?;
-    let mut held = Vec::with_capacity(mib);
-    for _ in 0..mib {
-        // Touch every page so the memory is really charged to the cgroup.
-        held.push(vec![1u8; 1 << 20]);
-    }
+    let _held = touch(mib);
     println!("allocated {mib} MiB");
     sleep("0")
+}
+
+/// `mib` MiB with every page touched, so the memory is really charged to the cgroup.
+fn touch(mib: usize) -> Vec<Vec<u8>> {
+    (0..mib).map(|_| vec![1u8; 1 << 20]).collect()
 }
 
 fn sleep(secs: &str) -> Result<(), String> {

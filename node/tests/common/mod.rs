@@ -312,6 +312,11 @@ pub async fn exec(node: &TestNode, s: &PodStatus, name: &str, cmd: &[&str]) -> (
     )
 }
 
+/// [`http_get`] of `/`, owning its address (for polling closures).
+pub async fn http_get_owned(addr: String) -> Result<String, String> {
+    http_get(&addr, "/").await
+}
+
 /// A minimal HTTP GET over a fresh connection; the body on 200.
 pub async fn http_get(addr: &str, path: &str) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
