@@ -160,15 +160,15 @@ mod tests {
             Placement::default(),
         )
         .unwrap();
+        // The shell logs, then becomes sleep: the log line may come before the exec.
         crate::wait_until(
-            "the log line",
+            "the log line, then sleep running",
             Duration::from_secs(10),
             || match std::fs::read_to_string(&log) {
-                Ok(t) if t.contains("started") => Ok(()),
+                Ok(t) if t.contains("started") && alive(pid, "sleep") => Ok(()),
                 other => Err(other.map_err(|e| e.to_string())),
             },
         );
-        assert!(alive(pid, "sleep"));
         assert!(
             !alive(pid, "something-else"),
             "pid checked against the program"
