@@ -286,6 +286,21 @@ impl Cri {
         Ok(resp.into_inner().url)
     }
 
+    /// A streaming-server URL for port forwarding into a sandbox's network namespace.
+    pub async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String> {
+        let req = cri::PortForwardRequest {
+            pod_sandbox_id: sandbox_id.into(),
+            port: ports,
+        };
+        let resp = self
+            .runtime
+            .clone()
+            .port_forward(req)
+            .await
+            .map_err(call("PortForward"))?;
+        Ok(resp.into_inner().url)
+    }
+
     /// The image's id if the runtime has it.
     pub async fn image_id(&self, image: &str) -> Result<Option<String>> {
         let req = cri::ImageStatusRequest {

@@ -6,6 +6,8 @@
 //! - `GET|POST /exec/{namespace}/{pod}/{container}?command=..&stdin=&stdout=&stderr=&tty=`
 //!   answers 302 with the runtime's streaming URL for that exec session (CRI Exec); the caller
 //!   follows it and upgrades there (the kubelet's redirect-container-streaming mode).
+//! - `GET|POST /portForward/{namespace}/{pod}?port=..`: the same for a port-forward session
+//!   into the pod's sandbox (CRI PortForward; the ports travel in the streams' headers).
 
 use crate::agent::pods::PodIndex;
 use crate::cri::Cri;
@@ -35,6 +37,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(metrics))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(logs))
         .route("/exec/{namespace}/{pod}/{container}", get(exec).post(exec))
+        .route(
+            "/portForward/{namespace}/{pod}",
+            get(port_forward).post(port_forward),
+        )
         .with_state(state)
 }
 
@@ -282,7 +288,54 @@ async fn exec(
         stdout: flag(&q, "stdout") || !q.iter().any(|(k, _)| k == "stdout"),
         stderr: flag(&q, "stderr"),
     };
-    match s.cri.exec(req).await {
+    redirect(s.cri.exec(req).await)
+}
+
+async fn port_forward(
+    State(s): State<ApiState>,
+    Path((namespace, pod)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let q = query_pairs(query.as_deref());
+    let uid = s
+        .pods
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(namespace.clone(), pod.clone()))
+        .and_then(|p| p.metadata.uid.clone());
+    let Some(uid) = uid else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not on this node"),
+        );
+    };
+    let labels = [(crate::pod::spec::POD_UID.to_string(), uid)].into();
+    let sandbox = match s.cri.list_pod_sandboxes(labels).await {
+        Ok(found) => found
+            .into_iter()
+            .filter(|b| b.state == k8s_cri::v1::PodSandboxState::SandboxReady as i32)
+            .max_by_key(|b| b.created_at),
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.message()),
+    };
+    let Some(sandbox) = sandbox else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("pod {namespace}/{pod} has no running sandbox"),
+        );
+    };
+    // `port=8080` (or the WebSocket protocol's `ports=8080,9090`).
+    let ports = q
+        .iter()
+        .filter(|(k, _)| k == "port" || k == "ports")
+        .flat_map(|(_, v)| v.split(','))
+        .filter_map(|p| p.trim().parse().ok())
+        .collect();
+    redirect(s.cri.port_forward(&sandbox.id, ports).await)
+}
+
+/// 302 to the runtime's streaming URL for a session, or the runtime's error.
+fn redirect(url: Result<String, crate::cri::CriError>) -> Response {
+    match url {
         Ok(url) => Response::builder()
             .status(StatusCode::FOUND)
             .header(header::LOCATION, url)

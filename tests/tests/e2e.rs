@@ -4,9 +4,10 @@
 //! bridge, address range and node names unique to this test, and the real kubectl:
 //!
 //! `kubectl create deployment echo --replicas=3` and `kubectl expose`; a pod on the second
-//! node reaches the ClusterIP and every pod answers; a deleted pod is replaced and the
-//! service follows; scaling to 5 and back; a rolling update with readiness gating and a
-//! preStop hook under a looping client that sees no failed request; the events in order.
+//! node reaches the ClusterIP and every pod answers; kubectl exec, logs and port-forward; a
+//! deleted pod is replaced and the service follows; scaling to 5 and back; a rolling update
+//! with readiness gating and a preStop hook under a looping client that sees no failed
+//! request; the events in order.
 //! Each step of the path is timed (printed with `--nocapture`).
 //!
 //! Needs the daemons built (`cargo build -p control-plane -p node -p proxy`, which
@@ -206,6 +207,55 @@ fn client_pod(k: &Kubectl, name: &str, node: &str, url: &str, count: u32) -> Str
     log
 }
 
+/// `kubectl port-forward pod/<pod> :8080` (the API server relays to the pod's node agent
+/// and its runtime's streaming server, which connects inside the pod's network namespace),
+/// then one HTTP GET through the local port kubectl chose.
+fn port_forward_get(k: &Kubectl, pod: &str) -> String {
+    let mut pf = k.spawn(&["port-forward", &format!("pod/{pod}"), ":8080"]);
+    let stdout = pf.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        // "Forwarding from 127.0.0.1:43567 -> 8080"
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let port = lines.by_ref().find_map(|l| {
+            l.ok()?
+                .strip_prefix("Forwarding from 127.0.0.1:")?
+                .split(' ')
+                .next()?
+                .parse::<u16>()
+                .ok()
+        });
+        let _ = tx.send(port);
+        // Read on until kubectl ends: it prints a line per connection, and a closed pipe
+        // would end it.
+        lines.for_each(drop);
+    });
+    let port = match rx.recv_timeout(T) {
+        Ok(Some(port)) => port,
+        other => {
+            let _ = pf.kill();
+            let out = pf.wait_with_output().expect("kubectl port-forward ends");
+            panic!(
+                "kubectl port-forward printed no local port ({other:?}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    let answer = skiff_tests::netns::http_get(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(10),
+    );
+    let _ = pf.kill();
+    let out = pf.wait_with_output().expect("kubectl port-forward ends");
+    answer.unwrap_or_else(|e| {
+        panic!(
+            "GET through the forwarded port {port}: {e}; kubectl said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 /// Prints a step of the path with its time since `t0`.
 fn mark(table: &mut Vec<(String, f64)>, what: &str, t: Duration) {
     eprintln!("  {what:<60} {:>7.2} s", t.as_secs_f64());
@@ -324,6 +374,11 @@ fn a_deployment_behind_a_service_on_two_nodes() {
     );
     let log = k.ok(&["logs", &on_node2.name]);
     assert!(log.contains("serving on :8080"), "{log}");
+    let answer = port_forward_get(&k, &on_node2.name);
+    assert!(
+        answer.starts_with(&format!("pod={} ", on_node2.name)),
+        "{answer}"
+    );
 
     // 3. A deleted pod is replaced; the service follows the replacement.
     let t = Instant::now();

@@ -16,6 +16,8 @@ pub enum Subresource {
     /// `pods/exec`: a command in a container, an HTTP upgrade (SPDY or WebSocket) relayed to
     /// the runtime's streaming server through the node agent's kubelet API.
     Exec,
+    /// `pods/portforward`: a connection to pod ports, an HTTP upgrade relayed like exec.
+    PortForward,
 }
 
 impl Subresource {
@@ -26,6 +28,7 @@ impl Subresource {
             Subresource::Binding => "binding",
             Subresource::Log => "log",
             Subresource::Exec => "exec",
+            Subresource::PortForward => "portforward",
         }
     }
 }
@@ -175,7 +178,7 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Namespaced,
         short_names: &["po"],
         categories: ALL,
-        subresources: &[Status, Binding, Log, Exec],
+        subresources: &[Status, Binding, Log, Exec, PortForward],
         fields: &[
             "spec.nodeName",
             "status.phase",

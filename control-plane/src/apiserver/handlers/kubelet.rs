@@ -6,6 +6,7 @@
 //! - `pods/<name>/exec` -> `/exec/<ns>/<pod>/<container>?command=..&stdin=&stdout=&stderr=&tty=`,
 //!   an HTTP upgrade relayed byte for byte to the runtime's streaming server the agent
 //!   redirects to (see `proxy::upgrade`).
+//! - `pods/<name>/portforward` -> `/portForward/<ns>/<pod>?port=..`, relayed the same way.
 
 use std::sync::Arc;
 
@@ -47,12 +48,7 @@ impl Target {
 
 /// Finds the pod, the container (`?container=`, or the only one) and the pod's node agent.
 async fn locate(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<Target, ApiError> {
-    let pod = ctx
-        .cached(call.resource, &call.key(name))
-        .await?
-        .ok_or_else(|| call.not_found(name))?
-        .value()
-        .map_err(ApiError::internal)?;
+    let (pod, kubelet) = locate_pod(ctx, call, name).await?;
     let containers: Vec<String> = pod
         .pointer("/spec/containers")
         .and_then(Value::as_array)
@@ -72,6 +68,21 @@ async fn locate(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<Target, ApiErr
             )))
         }
     };
+    Ok(Target {
+        pod,
+        container,
+        kubelet,
+    })
+}
+
+/// The pod and its node agent's kubelet API (`http://<host>:<port>`).
+async fn locate_pod(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<(Value, String), ApiError> {
+    let pod = ctx
+        .cached(call.resource, &call.key(name))
+        .await?
+        .ok_or_else(|| call.not_found(name))?
+        .value()
+        .map_err(ApiError::internal)?;
     let node = pod
         .pointer("/spec/nodeName")
         .and_then(Value::as_str)
@@ -89,11 +100,7 @@ async fn locate(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<Target, ApiErr
         .map_err(ApiError::internal)?;
     let kubelet = kubelet_of(&node_obj)
         .ok_or_else(|| ApiError::bad_request(format!("node {node} reports no address")))?;
-    Ok(Target {
-        pod,
-        container,
-        kubelet,
-    })
+    Ok((pod, kubelet))
 }
 
 /// `http://<address>:<port>` of a Node's kubelet API: its InternalIP (else ExternalIP, else
@@ -185,6 +192,35 @@ pub async fn exec(
     }
     // The query goes on as the client wrote it: `command` repeats, one per argument.
     let url = format!("{}?{}", target.url(call, "exec", name), call.query_string);
+    super::proxy::upgrade(
+        call.method,
+        &url,
+        call.headers,
+        upgrade,
+        ctx.shutdown.clone(),
+    )
+    .await
+}
+
+/// `pods/<name>/portforward` (GET for WebSocket, POST for SPDY): streams to the pod's ports
+/// for as long as the upgraded connection lives.
+pub async fn port_forward(
+    ctx: &Arc<Ctx>,
+    call: &Call<'_>,
+    name: &str,
+    upgrade: Option<OnUpgrade>,
+) -> Result<Resp, ApiError> {
+    let upgrade = upgrade
+        .filter(|_| super::proxy::is_upgrade(call.headers))
+        .ok_or_else(|| ApiError::bad_request("Upgrade request required"))?;
+    let (pod, kubelet) = locate_pod(ctx, call, name).await?;
+    if pod.pointer("/status/phase").and_then(Value::as_str) != Some("Running") {
+        return Err(ApiError::bad_request(format!(
+            "pod {name} is not running and cannot be port-forwarded"
+        )));
+    }
+    let ns = call.namespace().unwrap_or_default();
+    let url = format!("{kubelet}/portForward/{ns}/{name}?{}", call.query_string);
     super::proxy::upgrade(
         call.method,
         &url,
