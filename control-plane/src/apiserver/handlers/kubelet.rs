@@ -153,9 +153,7 @@ pub async fn exec(
     name: &str,
     upgrade: Option<OnUpgrade>,
 ) -> Result<Resp, ApiError> {
-    let upgrade = upgrade
-        .filter(|_| super::proxy::is_upgrade(call.headers))
-        .ok_or_else(|| ApiError::bad_request("Upgrade request required"))?;
+    let upgrade = require_upgrade(call, upgrade)?;
     if !call.query.contains_key("command") {
         return Err(ApiError::bad_request("you must specify at least 1 command"));
     }
@@ -192,14 +190,7 @@ pub async fn exec(
     }
     // The query goes on as the client wrote it: `command` repeats, one per argument.
     let url = format!("{}?{}", target.url(call, "exec", name), call.query_string);
-    super::proxy::upgrade(
-        call.method,
-        &url,
-        call.headers,
-        upgrade,
-        ctx.shutdown.clone(),
-    )
-    .await
+    relay(ctx, call, &url, upgrade).await
 }
 
 /// `pods/<name>/portforward` (GET for WebSocket, POST for SPDY): streams to the pod's ports
@@ -210,9 +201,7 @@ pub async fn port_forward(
     name: &str,
     upgrade: Option<OnUpgrade>,
 ) -> Result<Resp, ApiError> {
-    let upgrade = upgrade
-        .filter(|_| super::proxy::is_upgrade(call.headers))
-        .ok_or_else(|| ApiError::bad_request("Upgrade request required"))?;
+    let upgrade = require_upgrade(call, upgrade)?;
     let (pod, kubelet) = locate_pod(ctx, call, name).await?;
     if pod.pointer("/status/phase").and_then(Value::as_str) != Some("Running") {
         return Err(ApiError::bad_request(format!(
@@ -221,9 +210,26 @@ pub async fn port_forward(
     }
     let ns = call.namespace().unwrap_or_default();
     let url = format!("{kubelet}/portForward/{ns}/{name}?{}", call.query_string);
+    relay(ctx, call, &url, upgrade).await
+}
+
+/// The client's upgrade (SPDY or WebSocket), which streaming subresources require.
+fn require_upgrade(call: &Call<'_>, upgrade: Option<OnUpgrade>) -> Result<OnUpgrade, ApiError> {
+    upgrade
+        .filter(|_| super::proxy::is_upgrade(call.headers))
+        .ok_or_else(|| ApiError::bad_request("Upgrade request required"))
+}
+
+/// Relays the upgraded connection to `url` on the node agent (and where it redirects).
+async fn relay(
+    ctx: &Arc<Ctx>,
+    call: &Call<'_>,
+    url: &str,
+    upgrade: OnUpgrade,
+) -> Result<Resp, ApiError> {
     super::proxy::upgrade(
         call.method,
-        &url,
+        url,
         call.headers,
         upgrade,
         ctx.shutdown.clone(),
