@@ -286,6 +286,17 @@ impl Cri {
         Ok(resp.into_inner().url)
     }
 
+    /// A streaming-server URL for attaching to a running container's stdio.
+    pub async fn attach(&self, req: cri::AttachRequest) -> Result<String> {
+        let resp = self
+            .runtime
+            .clone()
+            .attach(req)
+            .await
+            .map_err(call("Attach"))?;
+        Ok(resp.into_inner().url)
+    }
+
     /// A streaming-server URL for port forwarding into a sandbox's network namespace.
     pub async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String> {
         let req = cri::PortForwardRequest {

@@ -6,6 +6,8 @@
 //! - `GET|POST /exec/{namespace}/{pod}/{container}?command=..&stdin=&stdout=&stderr=&tty=`
 //!   answers 302 with the runtime's streaming URL for that exec session (CRI Exec); the caller
 //!   follows it and upgrades there (the kubelet's redirect-container-streaming mode).
+//! - `GET|POST /attach/{namespace}/{pod}/{container}?stdin=&stdout=&stderr=&tty=`: the same
+//!   for attaching to the container's own stdio (CRI Attach).
 //! - `GET|POST /portForward/{namespace}/{pod}?port=..`: the same for a port-forward session
 //!   into the pod's sandbox (CRI PortForward; the ports travel in the streams' headers).
 
@@ -37,6 +39,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(metrics))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(logs))
         .route("/exec/{namespace}/{pod}/{container}", get(exec).post(exec))
+        .route(
+            "/attach/{namespace}/{pod}/{container}",
+            get(attach).post(attach),
+        )
         .route(
             "/portForward/{namespace}/{pod}",
             get(port_forward).post(port_forward),
@@ -248,29 +254,9 @@ async fn exec(
     RawQuery(query): RawQuery,
 ) -> Response {
     let q = query_pairs(query.as_deref());
-    let Some(p) = s
-        .pods
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(namespace.clone(), pod.clone()))
-        .cloned()
-    else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} is not on this node"),
-        );
-    };
-    let id = p
-        .status
-        .iter()
-        .flat_map(|st| st.container_statuses.iter().flatten())
-        .find(|c| c.name == container)
-        .and_then(|c| c.container_id.clone());
-    let Some(id) = id else {
-        return text(
-            StatusCode::BAD_REQUEST,
-            format!("container {container} is not running in pod {pod}"),
-        );
+    let id = match container_id(&s, &namespace, &pod, &container) {
+        Ok(id) => id,
+        Err(r) => return r,
     };
     let cmd: Vec<String> = q
         .iter()
@@ -281,7 +267,7 @@ async fn exec(
         return text(StatusCode::BAD_REQUEST, "no command given");
     }
     let req = k8s_cri::v1::ExecRequest {
-        container_id: id.trim_start_matches("containerd://").to_string(),
+        container_id: id,
         cmd,
         tty: flag(&q, "tty"),
         stdin: flag(&q, "stdin"),
@@ -289,6 +275,59 @@ async fn exec(
         stderr: flag(&q, "stderr"),
     };
     redirect(s.cri.exec(req).await)
+}
+
+async fn attach(
+    State(s): State<ApiState>,
+    Path((namespace, pod, container)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let q = query_pairs(query.as_deref());
+    let id = match container_id(&s, &namespace, &pod, &container) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let req = k8s_cri::v1::AttachRequest {
+        container_id: id,
+        stdin: flag(&q, "stdin"),
+        tty: flag(&q, "tty"),
+        stdout: flag(&q, "stdout") || !q.iter().any(|(k, _)| k == "stdout"),
+        stderr: flag(&q, "stderr"),
+    };
+    redirect(s.cri.attach(req).await)
+}
+
+/// The runtime's id of a container of a pod on this node, or the response saying why not.
+fn container_id(
+    s: &ApiState,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+) -> Result<String, Response> {
+    let pods = s.pods.read().unwrap_or_else(|e| e.into_inner());
+    let Some(p) = pods.get(&(namespace.to_string(), pod.to_string())) else {
+        return Err(text(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not on this node"),
+        ));
+    };
+    p.status
+        .iter()
+        .flat_map(|st| {
+            st.container_statuses
+                .iter()
+                .flatten()
+                .chain(st.init_container_statuses.iter().flatten())
+        })
+        .find(|c| c.name == container)
+        .and_then(|c| c.container_id.as_deref())
+        .map(|id| id.trim_start_matches("containerd://").to_string())
+        .ok_or_else(|| {
+            text(
+                StatusCode::BAD_REQUEST,
+                format!("container {container} is not running in pod {pod}"),
+            )
+        })
 }
 
 async fn port_forward(

@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 /// A kubectl bound to one kubeconfig.
+#[derive(Clone)]
 pub struct Kubectl {
     kubeconfig: PathBuf,
     home: PathBuf,
+    /// Each run is killed after this long (for streaming commands that could hang).
+    limit: Option<std::time::Duration>,
 }
 
 /// What one kubectl run printed.
@@ -40,11 +43,32 @@ impl Kubectl {
         Kubectl {
             kubeconfig: kubeconfig.to_path_buf(),
             home,
+            limit: None,
+        }
+    }
+
+    /// The same kubectl, each run killed (coreutils `timeout`) once `limit` has passed: a
+    /// failed run rather than a hung test.
+    pub fn within(&self, limit: std::time::Duration) -> Kubectl {
+        Kubectl {
+            limit: Some(limit),
+            ..self.clone()
         }
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("kubectl");
+        let mut c = match self.limit {
+            Some(limit) => {
+                let mut c = Command::new("timeout");
+                c.args([
+                    "--kill-after=5",
+                    &format!("{}s", limit.as_secs().max(1)),
+                    "kubectl",
+                ]);
+                c
+            }
+            None => Command::new("kubectl"),
+        };
         c.env("KUBECONFIG", &self.kubeconfig)
             .env("HOME", &self.home)
             .arg("--cache-dir")

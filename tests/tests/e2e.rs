@@ -4,7 +4,8 @@
 //! bridge, address range and node names unique to this test, and the real kubectl:
 //!
 //! `kubectl create deployment echo --replicas=3` and `kubectl expose`; a pod on the second
-//! node reaches the ClusterIP and every pod answers; kubectl exec, logs and port-forward; a
+//! node reaches the ClusterIP and every pod answers; kubectl exec, logs, port-forward and
+//! run -i (attach); a
 //! deleted pod is replaced and the service follows; scaling to 5 and back; a rolling update
 //! with readiness gating and a preStop hook under a looping client that sees no failed
 //! request; the events in order.
@@ -379,6 +380,29 @@ fn a_deployment_behind_a_service_on_two_nodes() {
         answer.starts_with(&format!("pod={} ", on_node2.name)),
         "{answer}"
     );
+    // `kubectl run -i`: a container with an open stdin (stdinOnce), attached through the
+    // API server; it copies what it reads until the attach closes its stdin.
+    let r = k.within(T).run_with_stdin(
+        &[
+            "run",
+            "reader",
+            "--image",
+            ECHO_IMAGE,
+            "--restart=Never",
+            "-i",
+            "--command",
+            "--",
+            "/echo",
+            "cat",
+            "-",
+        ],
+        "hello\nthrough attach\n",
+    );
+    assert!(
+        r.success && r.stdout.contains("hello\nthrough attach\n"),
+        "kubectl run -i: {r:?}"
+    );
+    k.ok(&["delete", "pod", "reader", "--wait=false"]);
 
     // 3. A deleted pod is replaced; the service follows the replacement.
     let t = Instant::now();

@@ -3,7 +3,7 @@
 //! that tests, probes and demos run inside pods (`kubectl exec`, init containers).
 
 use skiff_images::http::{self, ReadError, Url};
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 const USAGE: &str = "usage: echo [serve]
        echo fetch URL [--count N]     GET URL N times on fresh connections, print each body
-       echo cat FILE...               print files
+       echo cat FILE...               print files (-: standard input, line by line)
        echo write FILE TEXT           write TEXT to FILE
        echo exists FILE               exit 0 if FILE exists, 1 if not
        echo env                       print the environment
@@ -33,6 +33,16 @@ fn main() -> ExitCode {
         [] | ["serve"] => serve(),
         ["fetch", url, rest @ ..] => fetch(url, rest),
         ["cat", files @ ..] if !files.is_empty() => files.iter().try_for_each(|f| {
+            if *f == "-" {
+                // Line by line, so an attached client sees each line as it comes.
+                let mut out = std::io::stdout();
+                for line in std::io::stdin().lines() {
+                    let line = line.map_err(|e| format!("stdin: {e}"))?;
+                    writeln!(out, "{line}").map_err(|e| format!("stdout: {e}"))?;
+                    out.flush().map_err(|e| format!("stdout: {e}"))?;
+                }
+                return Ok(());
+            }
             let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
             print!("{text}");
             Ok(())

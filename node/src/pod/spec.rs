@@ -205,6 +205,11 @@ pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cr
         mounts: inputs.mounts,
         labels,
         log_path: log_path(&c.name, inputs.attempt),
+        // `kubectl run -i/-t` and `kubectl attach`: an open stdin (closed after the first
+        // attach with stdinOnce) and a terminal.
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
         linux: Some(cri::LinuxContainerConfig {
             resources: Some(super::resources::linux_resources(c)),
             security_context: Some(security_context(

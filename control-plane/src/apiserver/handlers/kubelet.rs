@@ -6,7 +6,8 @@
 //! - `pods/<name>/exec` -> `/exec/<ns>/<pod>/<container>?command=..&stdin=&stdout=&stderr=&tty=`,
 //!   an HTTP upgrade relayed byte for byte to the runtime's streaming server the agent
 //!   redirects to (see `proxy::upgrade`).
-//! - `pods/<name>/portforward` -> `/portForward/<ns>/<pod>?port=..`, relayed the same way.
+//! - `pods/<name>/attach` -> `/attach/<ns>/<pod>/<container>?stdin=&stdout=&stderr=&tty=`
+//!   and `pods/<name>/portforward` -> `/portForward/<ns>/<pod>?port=..`, relayed the same way.
 
 use std::sync::Arc;
 
@@ -157,6 +158,34 @@ pub async fn exec(
     if !call.query.contains_key("command") {
         return Err(ApiError::bad_request("you must specify at least 1 command"));
     }
+    let target = running_container(ctx, call, name, "exec into").await?;
+    // The query goes on as the client wrote it: `command` repeats, one per argument.
+    let url = format!("{}?{}", target.url(call, "exec", name), call.query_string);
+    relay(ctx, call, &url, upgrade).await
+}
+
+/// `pods/<name>/attach` (GET for WebSocket, POST for SPDY): the container's own stdin,
+/// stdout and stderr for as long as the upgraded connection lives.
+pub async fn attach(
+    ctx: &Arc<Ctx>,
+    call: &Call<'_>,
+    name: &str,
+    upgrade: Option<OnUpgrade>,
+) -> Result<Resp, ApiError> {
+    let upgrade = require_upgrade(call, upgrade)?;
+    let target = running_container(ctx, call, name, "attach to").await?;
+    let url = format!("{}?{}", target.url(call, "attach", name), call.query_string);
+    relay(ctx, call, &url, upgrade).await
+}
+
+/// The target of exec or attach: a container the pod has (init containers included), in
+/// a pod that has not completed.
+async fn running_container(
+    ctx: &Ctx,
+    call: &Call<'_>,
+    name: &str,
+    verb: &str,
+) -> Result<Target, ApiError> {
     let target = locate(ctx, call, name).await?;
     let containers = target
         .pod
@@ -185,12 +214,10 @@ pub async fn exec(
         target.pod.pointer("/status/phase").and_then(Value::as_str)
     {
         return Err(ApiError::bad_request(format!(
-            "cannot exec into a container in a completed pod; current phase is {phase}"
+            "cannot {verb} a container in a completed pod; current phase is {phase}"
         )));
     }
-    // The query goes on as the client wrote it: `command` repeats, one per argument.
-    let url = format!("{}?{}", target.url(call, "exec", name), call.query_string);
-    relay(ctx, call, &url, upgrade).await
+    Ok(target)
 }
 
 /// `pods/<name>/portforward` (GET for WebSocket, POST for SPDY): streams to the pod's ports

@@ -195,6 +195,10 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
             let upgrade = call.upgrade.take();
             kubelet::exec(ctx, &call, &n, upgrade).await
         }
+        (Method::GET | Method::POST, Some(n), Some(Subresource::Attach)) => {
+            let upgrade = call.upgrade.take();
+            kubelet::attach(ctx, &call, &n, upgrade).await
+        }
         (Method::GET | Method::POST, Some(n), Some(Subresource::PortForward)) => {
             let upgrade = call.upgrade.take();
             kubelet::port_forward(ctx, &call, &n, upgrade).await
