@@ -2,7 +2,8 @@
 //! ShouldDeleteDuringUpdate): an object with a deletionTimestamp goes once nothing holds it
 //! (finalizers; a namespace's spec finalizers) and no grace period runs. A pod under graceful
 //! deletion survives every status and main-resource write until the node agent's final
-//! DELETE with grace 0.
+//! DELETE with grace 0. An eviction (pods/eviction, as `kubectl drain` sends it) is a
+//! graceful delete with the Eviction's options.
 
 use control_plane::apiserver::{Config, RunningServer, Server};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
@@ -187,4 +188,65 @@ async fn finalizers_hold_pods_and_objects_until_removed_and_no_grace_period_runs
         .unwrap();
     assert!(namespaces.get_opt("doomed").await.unwrap().is_none());
     server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_eviction_deletes_the_pod_gracefully_with_its_options() {
+    let (server, client, _dir) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for name in ["evicted", "evicted-now"] {
+        pods.create(&PostParams::default(), &bound_pod(name, &[]))
+            .await
+            .unwrap();
+        write_status(&pods, name, "Running").await;
+    }
+    // What `kubectl drain` does: POST pods/<name>/eviction.
+    let status = pods
+        .evict("evicted", &kube::api::EvictParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        status.status,
+        Some(kube::core::response::StatusSummary::Success)
+    );
+    let deleting = pods.get("evicted").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        deleting.metadata.deletion_grace_period_seconds,
+        Some(30),
+        "the pod's own grace period"
+    );
+    // The eviction's delete options apply: grace 0 removes a pod at once. (Raw JSON: kube-rs
+    // 3 writes the options as `delete_options`, which Kubernetes ignores too.)
+    let body = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "evicted-now"}, "deleteOptions": {"gracePeriodSeconds": 0}});
+    let req = http::Request::post("/api/v1/namespaces/default/pods/evicted-now/eviction")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    let answer: serde_json::Value = client.request(req).await.unwrap();
+    assert_eq!(answer["status"], "Success", "{answer}");
+    assert!(pods.get_opt("evicted-now").await.unwrap().is_none());
+    // The name in the body must be the pod's.
+    let body =
+        json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "other"}});
+    let req = http::Request::post("/api/v1/namespaces/default/pods/evicted/eviction")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    let err = client.request::<serde_json::Value>(req).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 400),
+        "{err:?}"
+    );
+    // A pod that does not exist: 404.
+    let err = pods
+        .evict("nobody", &kube::api::EvictParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "{err:?}"
+    );
+    drop(server);
 }

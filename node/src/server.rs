@@ -256,7 +256,7 @@ async fn exec(
     let q = query_pairs(query.as_deref());
     let id = match container_id(&s, &namespace, &pod, &container) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err((status, msg)) => return text(status, msg),
     };
     let cmd: Vec<String> = q
         .iter()
@@ -285,7 +285,7 @@ async fn attach(
     let q = query_pairs(query.as_deref());
     let id = match container_id(&s, &namespace, &pod, &container) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err((status, msg)) => return text(status, msg),
     };
     let req = k8s_cri::v1::AttachRequest {
         container_id: id,
@@ -303,10 +303,10 @@ fn container_id(
     namespace: &str,
     pod: &str,
     container: &str,
-) -> Result<String, Response> {
+) -> Result<String, (StatusCode, String)> {
     let pods = s.pods.read().unwrap_or_else(|e| e.into_inner());
     let Some(p) = pods.get(&(namespace.to_string(), pod.to_string())) else {
-        return Err(text(
+        return Err((
             StatusCode::NOT_FOUND,
             format!("pod {namespace}/{pod} is not on this node"),
         ));
@@ -323,7 +323,7 @@ fn container_id(
         .and_then(|c| c.container_id.as_deref())
         .map(|id| id.trim_start_matches("containerd://").to_string())
         .ok_or_else(|| {
-            text(
+            (
                 StatusCode::BAD_REQUEST,
                 format!("container {container} is not running in pod {pod}"),
             )

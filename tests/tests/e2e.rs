@@ -8,7 +8,7 @@
 //! run -i (attach); a
 //! deleted pod is replaced and the service follows; scaling to 5 and back; a rolling update
 //! with readiness gating and a preStop hook under a looping client that sees no failed
-//! request; the events in order.
+//! request; the events in order; `kubectl drain` moves every pod to the other node.
 //! Each step of the path is timed (printed with `--nocapture`).
 //!
 //! Needs the daemons built (`cargo build -p control-plane -p node -p proxy`, which
@@ -536,6 +536,30 @@ fn a_deployment_behind_a_service_on_two_nodes() {
             sum / count
         );
     }
+    // 8. `kubectl drain` the first node: its pods are evicted (pods/eviction) and replaced on
+    // the second; the service follows them there.
+    let t = Instant::now();
+    k.within(T).ok(&[
+        "drain",
+        &node1,
+        "--ignore-daemonsets",
+        "--force",
+        "--timeout=100s",
+    ]);
+    let drained = wait_ready(&k, "app=echo", 3);
+    assert!(
+        drained.iter().all(|p| p.node == node2),
+        "every pod on {node2} after draining {node1}: {drained:?}"
+    );
+    wait_programmed(&c, &vip, &ips(&drained));
+    wait_answered_by(&c, 0, &vip, &names(&drained));
+    mark(
+        &mut table,
+        "node 1 drained -> pods on node 2, answering",
+        t.elapsed(),
+    );
+    k.ok(&["uncordon", &node1]);
+
     eprintln!("\n| step | seconds |\n|---|---:|");
     for (step, s) in c
         .timings

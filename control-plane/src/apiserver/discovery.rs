@@ -76,7 +76,7 @@ fn subresource_verbs(s: Subresource) -> Vec<String> {
         Subresource::Status | Subresource::Scale => {
             vec!["get".into(), "patch".into(), "update".into()]
         }
-        Subresource::Binding => vec!["create".into()],
+        Subresource::Binding | Subresource::Eviction => vec!["create".into()],
         Subresource::Log => vec!["get".into()],
         Subresource::Exec | Subresource::Attach | Subresource::PortForward => {
             vec!["create".into(), "get".into()]
@@ -90,6 +90,7 @@ fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str
         Subresource::Binding => ("", "v1", "Binding"),
         Subresource::Log => ("", "v1", "Pod"),
         Subresource::Exec => ("", "v1", "PodExecOptions"),
+        Subresource::Eviction => ("policy", "v1", "Eviction"),
         Subresource::Attach => ("", "v1", "PodAttachOptions"),
         Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
         Subresource::Status => (r.group, r.version, r.kind),

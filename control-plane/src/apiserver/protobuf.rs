@@ -8,6 +8,7 @@
 use k8s_openapi::ByteString;
 use k8s_pb::api::apps::v1 as apps;
 use k8s_pb::api::core::v1 as core;
+use k8s_pb::api::policy::v1 as policy;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_pb::apimachinery::pkg::runtime::Unknown;
 use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
@@ -35,6 +36,15 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         ("v1", "Secret") => secret(core::Secret::decode(&*bytes).map_err(bad)?),
         ("v1", "Namespace") => namespace(core::Namespace::decode(&*bytes).map_err(bad)?),
         ("v1", "Service") => service(core::Service::decode(&*bytes).map_err(bad)?),
+        // Registered in every group version: `v1`, `apps/v1`, `meta.k8s.io/v1`...
+        (_, "DeleteOptions") => delete_options(meta::DeleteOptions::decode(&*bytes).map_err(bad)?),
+        ("policy/v1", "Eviction") => {
+            let e = policy::Eviction::decode(&*bytes).map_err(bad)?;
+            obj(vec![
+                ("metadata", Some(object_meta(e.metadata))),
+                ("deleteOptions", e.delete_options.map(delete_options)),
+            ])
+        }
         ("v1", "ServiceAccount") => {
             let sa = core::ServiceAccount::decode(&*bytes).map_err(bad)?;
             obj(vec![("metadata", Some(object_meta(sa.metadata)))])
@@ -98,6 +108,23 @@ fn list<T>(v: Vec<T>, f: impl Fn(T) -> Result<Value, ApiError>) -> Result<Option
     Ok(Some(Value::Array(
         v.into_iter().map(f).collect::<Result<_, _>>()?,
     )))
+}
+
+/// metav1.DeleteOptions (what `kubectl drain` and the typed clients' Delete send).
+fn delete_options(o: meta::DeleteOptions) -> Value {
+    let pre = o.preconditions.map(|p| {
+        obj(vec![
+            ("uid", s(p.uid)),
+            ("resourceVersion", s(p.resource_version)),
+        ])
+    });
+    obj(vec![
+        ("gracePeriodSeconds", n(o.grace_period_seconds)),
+        ("preconditions", pre),
+        ("orphanDependents", n(o.orphan_dependents)),
+        ("propagationPolicy", s(o.propagation_policy)),
+        ("dryRun", (!o.dry_run.is_empty()).then(|| json!(o.dry_run))),
+    ])
 }
 
 fn object_meta(m: Option<meta::ObjectMeta>) -> Value {
@@ -427,6 +454,39 @@ mod tests {
         let mut out = MAGIC.to_vec();
         out.extend(u.encode_to_vec());
         out
+    }
+
+    #[test]
+    fn decodes_delete_options_and_evictions_as_kubectl_drain_sends_them() {
+        let opts = meta::DeleteOptions {
+            grace_period_seconds: Some(0),
+            preconditions: Some(meta::Preconditions {
+                uid: Some("u1".into()),
+                resource_version: None,
+            }),
+            propagation_policy: Some("Foreground".into()),
+            ..Default::default()
+        };
+        let v = decode(&envelope("v1", "DeleteOptions", opts.encode_to_vec())).unwrap();
+        assert_eq!(
+            v,
+            json!({"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                   "preconditions": {"uid": "u1"}, "propagationPolicy": "Foreground"})
+        );
+        let e = policy::Eviction {
+            metadata: Some(meta::ObjectMeta {
+                name: Some("web-1".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            }),
+            delete_options: Some(meta::DeleteOptions {
+                grace_period_seconds: Some(5),
+                ..Default::default()
+            }),
+        };
+        let v = decode(&envelope("policy/v1", "Eviction", e.encode_to_vec())).unwrap();
+        assert_eq!(v["metadata"]["name"], "web-1");
+        assert_eq!(v["deleteOptions"], json!({"gracePeriodSeconds": 5}));
     }
 
     #[test]

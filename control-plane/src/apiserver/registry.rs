@@ -16,6 +16,8 @@ pub enum Subresource {
     /// `pods/exec`: a command in a container, an HTTP upgrade (SPDY or WebSocket) relayed to
     /// the runtime's streaming server through the node agent's kubelet API.
     Exec,
+    /// `pods/eviction`: a policy/v1 Eviction, a graceful delete (`kubectl drain`).
+    Eviction,
     /// `pods/attach`: the container's own stdio, an HTTP upgrade relayed like exec.
     Attach,
     /// `pods/portforward`: a connection to pod ports, an HTTP upgrade relayed like exec.
@@ -30,6 +32,7 @@ impl Subresource {
             Subresource::Binding => "binding",
             Subresource::Log => "log",
             Subresource::Exec => "exec",
+            Subresource::Eviction => "eviction",
             Subresource::Attach => "attach",
             Subresource::PortForward => "portforward",
         }
@@ -181,7 +184,7 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Namespaced,
         short_names: &["po"],
         categories: ALL,
-        subresources: &[Status, Binding, Log, Exec, Attach, PortForward],
+        subresources: &[Status, Binding, Eviction, Log, Exec, Attach, PortForward],
         fields: &[
             "spec.nodeName",
             "status.phase",

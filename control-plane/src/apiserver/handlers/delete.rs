@@ -2,7 +2,7 @@
 //! grace period set; the node agent finishes with a grace-0 delete once the containers are
 //! gone); objects with finalizers stay until their finalizers are removed; the propagation
 //! policy is recorded as Kubernetes does (the `orphan` or `foregroundDeletion` finalizer) for
-//! the garbage collector.
+//! the garbage collector. pods/eviction is a graceful delete with the Eviction's options.
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::read::current;
 use super::write::blocks_deletion;
 use super::{store_error, Call, Ctx, SYSTEM_NAMESPACES};
+use crate::apiserver::negotiate::{self, BodyFormat};
 use crate::apiserver::output::{self, Resp};
 use crate::apiserver::request::ListOptions;
 use crate::apiserver::{conversion, meta, rules};
@@ -48,13 +49,33 @@ enum Propagation {
 }
 
 impl DeleteOptions {
+    /// From the body (JSON, YAML or protobuf, as the typed clients in `kubectl drain` send
+    /// it) and the query, which wins.
     fn parse(call: &Call<'_>) -> Result<DeleteOptions, ApiError> {
         let mut o: DeleteOptions = if call.body.iter().all(u8::is_ascii_whitespace) {
             DeleteOptions::default()
         } else {
-            serde_json::from_slice(&call.body)
-                .map_err(|e| ApiError::malformed("DeleteOptions", e))?
+            let format = BodyFormat::of(call.header(http::header::CONTENT_TYPE))?;
+            let v = negotiate::decode_object(format, &call.body)?;
+            serde_json::from_value(v).map_err(|e| ApiError::malformed("DeleteOptions", e))?
         };
+        o.apply_query(call)?;
+        Ok(o)
+    }
+
+    /// The options an Eviction carries (`deleteOptions`), then the query's.
+    fn from_eviction(call: &Call<'_>, eviction: &Value) -> Result<DeleteOptions, ApiError> {
+        let mut o: DeleteOptions = match eviction.get("deleteOptions") {
+            Some(v) if !v.is_null() => serde_json::from_value(v.clone())
+                .map_err(|e| ApiError::malformed("DeleteOptions", e))?,
+            _ => DeleteOptions::default(),
+        };
+        o.apply_query(call)?;
+        Ok(o)
+    }
+
+    fn apply_query(&mut self, call: &Call<'_>) -> Result<(), ApiError> {
+        let o = self;
         if let Some(g) = call.query.get("gracePeriodSeconds") {
             o.grace_period_seconds =
                 Some(g.parse().map_err(|_| {
@@ -70,7 +91,7 @@ impl DeleteOptions {
         if o.grace_period_seconds.is_some_and(|g| g < 0) {
             o.grace_period_seconds = Some(0);
         }
-        Ok(o)
+        Ok(())
     }
 
     fn propagation(&self) -> Result<Option<Propagation>, ApiError> {
@@ -98,6 +119,40 @@ pub async fn delete(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp,
     let opts = DeleteOptions::parse(call)?;
     let obj = delete_object(ctx, call, name, &opts).await?;
     Ok(output::ok(&obj))
+}
+
+/// `POST pods/<name>/eviction` (policy/v1 Eviction, what `kubectl drain` sends): a graceful
+/// delete of the pod with the eviction's options. No PodDisruptionBudget is served, so none
+/// refuses it (429); a pod already terminating is evicted already. Answers 201 with a
+/// Success Status, as Kubernetes does.
+pub async fn evict(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
+    let format = BodyFormat::of(call.header(http::header::CONTENT_TYPE))?;
+    let eviction = negotiate::decode_object(format, &call.body)?;
+    if let Some(kind) = eviction.get("kind").and_then(Value::as_str) {
+        if kind != "Eviction" {
+            return Err(ApiError::bad_request(format!(
+                "expected an Eviction, got a {kind}"
+            )));
+        }
+    }
+    let named = eviction.pointer("/metadata/name").and_then(Value::as_str);
+    if named.is_some_and(|n| n != name) {
+        return Err(ApiError::bad_request(format!(
+            "name in URL does not match name in Eviction object: {name} != {}",
+            named.unwrap_or_default()
+        )));
+    }
+    let opts = DeleteOptions::from_eviction(call, &eviction)?;
+    delete_object(ctx, call, name, &opts).await?;
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Success", "code": 201,
+    });
+    Ok(output::bytes(
+        http::StatusCode::CREATED,
+        output::JSON,
+        serde_json::to_vec(&status).map_err(ApiError::internal)?,
+    ))
 }
 
 pub async fn delete_collection(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, ApiError> {

@@ -195,6 +195,7 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
             let upgrade = call.upgrade.take();
             kubelet::exec(ctx, &call, &n, upgrade).await
         }
+        (Method::POST, Some(n), Some(Subresource::Eviction)) => delete::evict(ctx, &call, &n).await,
         (Method::GET | Method::POST, Some(n), Some(Subresource::Attach)) => {
             let upgrade = call.upgrade.take();
             kubelet::attach(ctx, &call, &n, upgrade).await
