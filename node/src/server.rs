@@ -266,13 +266,14 @@ async fn exec(
     if cmd.is_empty() {
         return text(StatusCode::BAD_REQUEST, "no command given");
     }
+    let io = Stdio::of(&q);
     let req = k8s_cri::v1::ExecRequest {
         container_id: id,
         cmd,
-        tty: flag(&q, "tty"),
-        stdin: flag(&q, "stdin"),
-        stdout: flag(&q, "stdout") || !q.iter().any(|(k, _)| k == "stdout"),
-        stderr: flag(&q, "stderr"),
+        tty: io.tty,
+        stdin: io.stdin,
+        stdout: io.stdout,
+        stderr: io.stderr,
     };
     redirect(s.cri.exec(req).await)
 }
@@ -287,14 +288,34 @@ async fn attach(
         Ok(id) => id,
         Err((status, msg)) => return text(status, msg),
     };
+    let io = Stdio::of(&q);
     let req = k8s_cri::v1::AttachRequest {
         container_id: id,
-        stdin: flag(&q, "stdin"),
-        tty: flag(&q, "tty"),
-        stdout: flag(&q, "stdout") || !q.iter().any(|(k, _)| k == "stdout"),
-        stderr: flag(&q, "stderr"),
+        stdin: io.stdin,
+        tty: io.tty,
+        stdout: io.stdout,
+        stderr: io.stderr,
     };
     redirect(s.cri.attach(req).await)
+}
+
+/// The streams an exec or attach session asked for (stdout unless said otherwise).
+struct Stdio {
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+    tty: bool,
+}
+
+impl Stdio {
+    fn of(q: &[(String, String)]) -> Stdio {
+        Stdio {
+            stdin: flag(q, "stdin"),
+            stdout: flag(q, "stdout") || !q.iter().any(|(k, _)| k == "stdout"),
+            stderr: flag(q, "stderr"),
+            tty: flag(q, "tty"),
+        }
+    }
 }
 
 /// The runtime's id of a container of a pod on this node, or the response saying why not.
