@@ -429,3 +429,118 @@ async fn a_daemon_set_runs_one_pod_per_eligible_node_and_rolls_within_max_unavai
     extra.stop_all();
     c.shutdown().await;
 }
+
+/// The taints of a node as (key, effect) pairs.
+async fn taints_of(nodes: &Api<Node>, name: &str) -> BTreeSet<(String, String)> {
+    nodes
+        .get(name)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| (t.key, t.effect))
+        .collect()
+}
+
+fn ready_of(n: &Node) -> Option<String> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone())
+}
+
+#[tokio::test]
+async fn when_every_node_goes_silent_nothing_is_evicted_until_one_returns() {
+    let c = Cluster::start(fast_settings(), &["node-1", "node-2", "node-3"]).await;
+    let deployments: Api<Deployment> = c.api("default");
+    deployments
+        .create(&PostParams::default(), &tolerant_deployment("web", 3, 30))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = c.api("default");
+    let lp = ListParams::default().labels("app=web");
+    wait_until_async("3 pods placed", WAIT, || async {
+        let n = pods
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|p| node_of(p).is_some())
+            .count();
+        (n == 3).then_some(()).ok_or(n)
+    })
+    .await;
+
+    // A partition between the control plane and every node: all go Unknown and keep the
+    // NoSchedule taint, but no NoExecute one: the first to go silent may be tainted while the
+    // others still look Ready (as in Kubernetes: nodes go stale one by one), and the taint is
+    // lifted once every node is away, long before the pods' 30 s toleration runs out.
+    for n in ["node-1", "node-2", "node-3"] {
+        c.nodes().stop(n);
+    }
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let unreachable = |effect: &str| {
+        (
+            "node.kubernetes.io/unreachable".to_string(),
+            effect.to_string(),
+        )
+    };
+    wait_until_async(
+        "every node Unknown, NoSchedule, not NoExecute",
+        WAIT,
+        || async {
+            let mut seen = Vec::new();
+            for name in ["node-1", "node-2", "node-3"] {
+                let n = nodes.get(name).await.unwrap();
+                seen.push((ready_of(&n), taints_of(&nodes, name).await));
+            }
+            let ok = seen.iter().all(|(r, t)| {
+                r.as_deref() == Some("Unknown")
+                    && t.contains(&unreachable("NoSchedule"))
+                    && !t.contains(&unreachable("NoExecute"))
+            });
+            ok.then_some(()).ok_or(seen)
+        },
+    )
+    .await;
+    // And it stays so: sampled over six monitor periods (0.5 s each).
+    let window = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < window {
+        for name in ["node-1", "node-2", "node-3"] {
+            let t = taints_of(&nodes, name).await;
+            assert!(!t.contains(&unreachable("NoExecute")), "{name}: {t:?}");
+        }
+        let ps = pods.list(&lp).await.unwrap().items;
+        assert!(
+            ps.iter().all(|p| p.metadata.deletion_timestamp.is_none()),
+            "no pod evicted while every node is away"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+
+    // One node returns: the cluster is no longer wholly disrupted, so the two still away
+    // are tainted NoExecute and their pods evicted.
+    c.nodes().resume("node-1").await;
+    wait_until_async("node-2 and node-3 tainted NoExecute", WAIT, || async {
+        let mut seen = Vec::new();
+        for name in ["node-2", "node-3"] {
+            seen.push(taints_of(&nodes, name).await);
+        }
+        seen.iter()
+            .all(|t| t.contains(&unreachable("NoExecute")))
+            .then_some(())
+            .ok_or(seen)
+    })
+    .await;
+    assert!(
+        !taints_of(&nodes, "node-1")
+            .await
+            .contains(&unreachable("NoExecute")),
+        "the node that came back is not tainted"
+    );
+    c.shutdown().await;
+}

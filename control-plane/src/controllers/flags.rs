@@ -21,6 +21,19 @@ pub struct ControllerArgs {
     /// How often node health is checked.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub node_monitor_period: Duration,
+    /// Nodes per second tainted NoExecute (their pods evicted) in a healthy zone, or in a
+    /// zone where no node is Ready.
+    #[arg(long, default_value_t = 0.1)]
+    pub node_eviction_rate: f64,
+    /// Nodes per second in a partially disrupted zone larger than
+    /// --large-cluster-size-threshold (smaller ones stop).
+    #[arg(long, default_value_t = 0.01)]
+    pub secondary_node_eviction_rate: f64,
+    /// The share of not-Ready nodes (more than 2) that makes a zone partially disrupted.
+    #[arg(long, default_value_t = 0.55)]
+    pub unhealthy_zone_threshold: f64,
+    #[arg(long, default_value_t = 50)]
+    pub large_cluster_size_threshold: usize,
     /// Give nodes a spec.podCIDR from --cluster-cidr.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub allocate_node_cidrs: bool,
@@ -71,6 +84,12 @@ impl ControllerArgs {
             cluster_cidr: self.allocate_node_cidrs.then_some(self.cluster_cidr),
             node_cidr_mask_size: self.node_cidr_mask_size,
             terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
+            eviction_rates: super::disruption::Rates {
+                node_eviction_rate: self.node_eviction_rate,
+                secondary_node_eviction_rate: self.secondary_node_eviction_rate,
+                unhealthy_zone_threshold: self.unhealthy_zone_threshold,
+                large_cluster_size_threshold: self.large_cluster_size_threshold,
+            },
             ..Settings::default()
         })
     }

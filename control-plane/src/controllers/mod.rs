@@ -13,6 +13,7 @@
 pub mod daemonset;
 pub mod deployment;
 pub mod discovery;
+pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod flags;
@@ -206,6 +207,8 @@ pub struct Settings {
     pub node_cidr_mask_size: u8,
     /// Finished pods kept before the oldest are deleted (0: no limit).
     pub terminated_pod_gc_threshold: usize,
+    /// How fast unreachable nodes are tainted NoExecute, per zone and disruption state.
+    pub eviction_rates: disruption::Rates,
 }
 
 impl Default for Settings {
@@ -229,6 +232,7 @@ impl Default for Settings {
             }),
             node_cidr_mask_size: 24,
             terminated_pod_gc_threshold: 12500,
+            eviction_rates: disruption::Rates::default(),
         }
     }
 }

@@ -8,7 +8,9 @@
 //! them: Ready=Unknown -> `node.kubernetes.io/unreachable` NoExecute and NoSchedule,
 //! Ready=False -> `node.kubernetes.io/not-ready`, pressure conditions and
 //! `spec.unschedulable` -> their NoSchedule taints; a node that is healthy again is
-//! untainted. Evicting pods from NoExecute-tainted nodes is the taint-eviction controller's.
+//! untainted. NoExecute taints are rate-limited per zone and held back in disruptions (see
+//! `disruption`). Evicting pods from NoExecute-tainted nodes is the taint-eviction
+//! controller's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,6 +24,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::disruption::{self, Rates, Verdict, Zones};
 use super::{pods, Context};
 use crate::runtime::controller::api_code;
 use crate::runtime::{
@@ -61,6 +64,8 @@ pub struct NodeLifecycleController {
     leases: Informer<Lease>,
     pods: Informer<Pod>,
     health: Mutex<HashMap<String, Health>>,
+    zones: Mutex<Zones>,
+    rates: Rates,
     grace: Duration,
     period: Duration,
     recorder: Recorder,
@@ -110,6 +115,8 @@ pub fn build(ctx: &Context) -> Controller<NodeLifecycleController> {
         leases,
         pods,
         health: Mutex::new(HashMap::new()),
+        zones: Mutex::new(Zones::default()),
+        rates: ctx.settings.eviction_rates,
         grace: ctx.settings.node_monitor_grace_period,
         period: ctx.settings.node_monitor_period,
         recorder,
@@ -197,6 +204,7 @@ impl Reconciler for NodeLifecycleController {
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
         let Some(node) = self.nodes.get(key) else {
             self.health().remove(&key.name);
+            self.zones().remove(&key.name);
             return Ok(Action::AwaitChange);
         };
         let mut node = (*node).clone();
@@ -210,12 +218,41 @@ impl Reconciler for NodeLifecycleController {
         if ready != was_ready {
             self.transition(&node, &was_ready, &ready).await?;
         }
+        let zone = disruption::zone_of(&node);
+        self.zones().set(&node.name_any(), &zone, ready == "True");
         let taints = node
             .spec
             .as_ref()
             .and_then(|s| s.taints.clone())
             .unwrap_or_default();
-        if let Some(new) = reconcile_taints(&taints, &desired_taints(&node), Timestamp::now()) {
+        let mut desired = desired_taints(&node);
+        let mut next = self.period;
+        let new_no_execute = desired.iter().any(|(k, e)| {
+            *e == "NoExecute" && !taints.iter().any(|t| t.key == *k && t.effect == *e)
+        });
+        let all_down = self.zones().all_fully_disrupted(&self.rates);
+        if all_down || new_no_execute {
+            let verdict = if all_down {
+                Verdict::Hold("every node of every zone is not ready")
+            } else {
+                self.zones().admit(&zone, &self.rates, Instant::now())
+            };
+            match verdict {
+                Verdict::Taint => {}
+                Verdict::Wait(wait) => {
+                    desired.retain(|(_, e)| *e != "NoExecute");
+                    next = next.min(wait.max(Duration::from_millis(10)));
+                }
+                Verdict::Hold(why) => {
+                    // Held back, and in a cluster-wide outage lifted where already set.
+                    if all_down || !taints.iter().any(|t| t.effect == "NoExecute") {
+                        desired.retain(|(_, e)| *e != "NoExecute");
+                    }
+                    tracing::debug!(node = %node.name_any(), zone, why, "not tainting NoExecute");
+                }
+            }
+        }
+        if let Some(new) = reconcile_taints(&taints, &desired, Timestamp::now()) {
             let patch = json!({"metadata": {"resourceVersion": node.resource_version()}, "spec": {"taints": new}});
             let api: Api<Node> = Api::all(self.client.clone());
             match api
@@ -231,13 +268,17 @@ impl Reconciler for NodeLifecycleController {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(Action::RequeueAfter(self.period))
+        Ok(Action::RequeueAfter(next))
     }
 }
 
 impl NodeLifecycleController {
     fn health(&self) -> std::sync::MutexGuard<'_, HashMap<String, Health>> {
         self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn zones(&self) -> std::sync::MutexGuard<'_, Zones> {
+        self.zones.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records heartbeats; returns the Ready status we last acted on.

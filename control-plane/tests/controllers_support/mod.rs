@@ -48,6 +48,10 @@ pub fn fast_settings() -> Settings {
     Settings {
         node_monitor_period: Duration::from_millis(500),
         node_monitor_grace_period: Duration::from_secs(3),
+        eviction_rates: control_plane::controllers::disruption::Rates {
+            node_eviction_rate: 1000.0,
+            ..Default::default()
+        },
         ..Settings::default()
     }
 }
