@@ -66,7 +66,7 @@ spec:
 ";
 
 #[test]
-fn version_and_discovery_pick_kubectl_1_33() {
+fn version_discovery_and_explain() {
     let f = start();
     let v = json(&f.k.ok(&["version", "-o", "json"]));
     assert_eq!(v["serverVersion"]["minor"], "33");
@@ -87,6 +87,20 @@ fn version_and_discovery_pick_kubectl_1_33() {
     assert!(res
         .lines()
         .any(|l| l.starts_with("pods") && l.contains(" po ")));
+    // `kubectl explain` reads the schemas of the OpenAPI v3 documents, descriptions included.
+    let explained = f.k.ok(&["explain", "deployment.spec.replicas"]);
+    assert!(
+        explained.contains("FIELD: replicas <integer>")
+            && explained.contains("Number of desired pods"),
+        "{explained}"
+    );
+    let explained = f.k.ok(&["explain", "pods.spec.containers.ports"]);
+    assert!(explained.contains("<[]ContainerPort>"), "{explained}");
+    let explained = f.k.ok(&["explain", "endpointslices"]);
+    assert!(
+        explained.contains("GROUP:      discovery.k8s.io"),
+        "{explained}"
+    );
 }
 
 #[test]

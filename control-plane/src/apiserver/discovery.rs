@@ -227,8 +227,12 @@ pub fn openapi_index() -> Value {
 }
 
 /// `/openapi/v3/<gv>`: each resource's paths with their group-version-kind and the
-/// `fieldValidation` parameter on writes. Schemas are not described.
+/// `fieldValidation` parameter on writes, and the resources' schemas (from k8s-openapi, with
+/// their descriptions) under components, each kind marked with its group-version-kind, as
+/// `kubectl explain` looks them up.
 pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
+    let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+    let mut schemas = serde_json::Map::new();
     let mut paths = serde_json::Map::new();
     let field_validation = json!({
         "name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true},
@@ -239,6 +243,9 @@ pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
         .filter(|r| openapi_gv_path(r.group, r.version) == gv_path)
     {
         let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let mut schema = (r.schema.build)(&mut generator).to_value();
+        schema["x-kubernetes-group-version-kind"] = json!([gvk]);
+        schemas.insert((r.schema.name)().into_owned(), schema);
         let base = if r.namespaced() {
             format!("/{gv_path}/namespaces/{{namespace}}/{}", r.plural)
         } else {
@@ -261,11 +268,15 @@ pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
     if paths.is_empty() {
         return None;
     }
+    // What the kinds refer to (ObjectMeta, PodSpec...), each once; the kinds themselves win.
+    for (name, schema) in generator.take_definitions(true) {
+        schemas.entry(name).or_insert(schema);
+    }
     Some(json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": GIT_VERSION},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": schemas},
     }))
 }
 

@@ -75,6 +75,29 @@ pub struct Resource {
     /// Served from another resource's storage, converted on the way in and out (None: its
     /// own storage).
     pub stored_as: Option<&'static Conversion>,
+    /// Its OpenAPI schema (from the k8s-openapi type), for `kubectl explain`.
+    pub schema: Schema,
+}
+
+/// How a resource's OpenAPI schema is made: its component name and its schema, which
+/// registers what it refers to with the generator.
+#[derive(Clone, Copy)]
+pub struct Schema {
+    pub name: fn() -> std::borrow::Cow<'static, str>,
+    pub build: fn(&mut schemars::SchemaGenerator) -> schemars::Schema,
+}
+
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&(self.name)())
+    }
+}
+
+const fn schema<K: schemars::JsonSchema>() -> Schema {
+    Schema {
+        name: K::schema_name,
+        build: K::json_schema,
+    }
 }
 
 const VERBS: &[&str] = &[
@@ -174,6 +197,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: NONE,
         status_on_create: StatusOnCreate::Reset,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::Namespace>(),
     },
     Resource {
         group: "",
@@ -197,6 +221,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["spec.nodeName", "metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::Pod>(),
     },
     Resource {
         group: "",
@@ -212,6 +237,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::Service>(),
     },
     Resource {
         group: "",
@@ -227,6 +253,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::Endpoints>(),
     },
     Resource {
         group: "",
@@ -242,6 +269,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: NONE,
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::Node>(),
     },
     Resource {
         group: "",
@@ -269,6 +297,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::Event>(),
     },
     Resource {
         group: "",
@@ -284,6 +313,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::ConfigMap>(),
     },
     Resource {
         group: "",
@@ -299,6 +329,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::Secret>(),
     },
     Resource {
         group: "",
@@ -314,6 +345,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::core::v1::ServiceAccount>(),
     },
     Resource {
         group: "apps",
@@ -329,6 +361,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::apps::v1::Deployment>(),
     },
     Resource {
         group: "apps",
@@ -344,6 +377,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::apps::v1::ReplicaSet>(),
     },
     Resource {
         group: "apps",
@@ -359,6 +393,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::apps::v1::DaemonSet>(),
     },
     Resource {
         group: "discovery.k8s.io",
@@ -374,6 +409,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::discovery::v1::EndpointSlice>(),
     },
     Resource {
         group: "coordination.k8s.io",
@@ -389,6 +425,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: None,
+        schema: schema::<k8s_openapi::api::coordination::v1::Lease>(),
     },
     Resource {
         group: "events.k8s.io",
@@ -415,6 +452,7 @@ pub static RESOURCES: &[Resource] = &[
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
         stored_as: Some(&EVENTS_V1),
+        schema: schema::<k8s_openapi::api::events::v1::Event>(),
     },
 ];
 
