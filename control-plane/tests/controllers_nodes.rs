@@ -120,21 +120,8 @@ async fn a_node_whose_lease_stops_goes_not_ready_and_its_pods_move() {
     c.nodes().stop("node-3");
     let nodes: Api<Node> = Api::all(c.client.clone());
     wait_until_async("node-3 Unknown and tainted", WAIT, || async {
-        let n = nodes.get("node-3").await.unwrap();
-        let ready = n
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-            .map(|c| c.status.clone());
-        let taints: BTreeSet<(String, String)> = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|t| (t.key, t.effect))
-            .collect();
+        let ready = ready_of(&nodes.get("node-3").await.unwrap());
+        let taints = taints_of(&nodes, "node-3").await;
         let want: BTreeSet<(String, String)> = [
             ("node.kubernetes.io/unreachable", "NoExecute"),
             ("node.kubernetes.io/unreachable", "NoSchedule"),

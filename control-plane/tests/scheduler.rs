@@ -455,7 +455,12 @@ async fn only_the_leader_schedules_and_a_standby_takes_over() {
     let b = f.scheduler(election("scheduler-b"));
     f.pod("p1", json!({})).await;
     f.bound("p1").await;
-    assert_eq!(a.metrics.attempts(AttemptResult::Scheduled), 1);
+    // Counted once the binding call has returned, which may be after a reader sees it.
+    wait_until_async("a counted its decision", WAIT, || async {
+        let n = a.metrics.attempts(AttemptResult::Scheduled);
+        (n == 1).then_some(()).ok_or(n)
+    })
+    .await;
     assert_eq!(
         b.metrics.attempts(AttemptResult::Scheduled),
         0,
@@ -470,6 +475,10 @@ async fn only_the_leader_schedules_and_a_standby_takes_over() {
     );
     f.pod("p2", json!({})).await;
     f.bound("p2").await;
-    assert_eq!(b.metrics.attempts(AttemptResult::Scheduled), 1);
+    wait_until_async("b counted its decision", WAIT, || async {
+        let n = b.metrics.attempts(AttemptResult::Scheduled);
+        (n == 1).then_some(()).ok_or(n)
+    })
+    .await;
     b.stop().await;
 }

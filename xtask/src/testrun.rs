@@ -2,7 +2,7 @@
 //! digest of every failure (the test's name, its panic message and the last lines it
 //! printed, without the backtrace) comes last, where a reader of a long CI log looks first.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
@@ -28,8 +28,11 @@ pub fn cargo_test(args: &[&str], extra: &[String]) -> Result<()> {
     drop(out);
     let status = child.wait()?;
     if !status.success() {
+        // The digest is the last thing printed: exit with cargo's code, not through an
+        // error whose backtrace would follow it.
         eprint!("{}", digest.render());
-        bail!("cargo test failed: {status}");
+        eprintln!("cargo test failed: {status}");
+        std::process::exit(status.code().unwrap_or(101));
     }
     Ok(())
 }
