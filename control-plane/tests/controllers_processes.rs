@@ -126,7 +126,15 @@ async fn two_controller_managers_never_both_act() {
         } else {
             (&mut b, &mut a, ops_b, ops_a)
         };
-    assert!(leader.log().contains("became leader"));
+    // The Lease names the holder as soon as it is written; the log line follows.
+    wait_until_async("the leader's log says so", WAIT, || async {
+        leader
+            .log()
+            .contains("became leader")
+            .then_some(())
+            .ok_or(())
+    })
+    .await;
 
     let deployments: Api<Deployment> = c.api("default");
     deployments
