@@ -35,10 +35,7 @@ enum Command {
         node_ip: Option<Ipv4Addr>,
         /// Hard eviction thresholds that raise the pressure conditions, as the kubelet's
         /// flag: memory.available, nodefs.available, nodefs.inodesFree, pid.available.
-        #[arg(
-            long,
-            default_value = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%"
-        )]
+        #[arg(long, default_value = node::agent::pressure::KUBELET_DEFAULTS)]
         eviction_hard: node::agent::pressure::Thresholds,
         /// The kubelet API, /healthz and /metrics.
         #[arg(long, default_value = "0.0.0.0:10250")]

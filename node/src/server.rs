@@ -151,19 +151,10 @@ async fn logs(
     RawQuery(query): RawQuery,
 ) -> Response {
     let q = query_pairs(query.as_deref());
-    let Some(p) = s
-        .pods
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(namespace.clone(), pod.clone()))
-        .cloned()
-    else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} is not on this node"),
-        );
+    let uid = match on_this_node(&s, &namespace, &pod, |p| p.metadata.uid.clone()) {
+        Ok(uid) => uid.unwrap_or_default(),
+        Err((status, msg)) => return text(status, msg),
     };
-    let uid = p.metadata.uid.clone().unwrap_or_default();
     let dir = s
         .layout
         .pod_log_dir(&namespace, &pod, &uid)
@@ -318,6 +309,25 @@ impl Stdio {
     }
 }
 
+/// Reads what `f` takes from the pod `namespace/pod` if it is on this node, else the 404
+/// saying so.
+fn on_this_node<T>(
+    s: &ApiState,
+    namespace: &str,
+    pod: &str,
+    f: impl FnOnce(&k8s_openapi::api::core::v1::Pod) -> T,
+) -> Result<T, (StatusCode, String)> {
+    let pods = s.pods.read().unwrap_or_else(|e| e.into_inner());
+    pods.get(&(namespace.to_string(), pod.to_string()))
+        .map(f)
+        .ok_or_else(|| {
+            (
+                StatusCode::NOT_FOUND,
+                format!("pod {namespace}/{pod} is not on this node"),
+            )
+        })
+}
+
 /// The runtime's id of a container of a pod on this node, or the response saying why not.
 fn container_id(
     s: &ApiState,
@@ -325,30 +335,25 @@ fn container_id(
     pod: &str,
     container: &str,
 ) -> Result<String, (StatusCode, String)> {
-    let pods = s.pods.read().unwrap_or_else(|e| e.into_inner());
-    let Some(p) = pods.get(&(namespace.to_string(), pod.to_string())) else {
-        return Err((
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} is not on this node"),
-        ));
-    };
-    p.status
-        .iter()
-        .flat_map(|st| {
-            st.container_statuses
-                .iter()
-                .flatten()
-                .chain(st.init_container_statuses.iter().flatten())
-        })
-        .find(|c| c.name == container)
-        .and_then(|c| c.container_id.as_deref())
-        .map(|id| id.trim_start_matches("containerd://").to_string())
-        .ok_or_else(|| {
-            (
-                StatusCode::BAD_REQUEST,
-                format!("container {container} is not running in pod {pod}"),
-            )
-        })
+    on_this_node(s, namespace, pod, |p| {
+        p.status
+            .iter()
+            .flat_map(|st| {
+                st.container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(st.init_container_statuses.iter().flatten())
+            })
+            .find(|c| c.name == container)
+            .and_then(|c| c.container_id.as_deref())
+            .map(|id| id.trim_start_matches("containerd://").to_string())
+    })?
+    .ok_or_else(|| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("container {container} is not running in pod {pod}"),
+        )
+    })
 }
 
 async fn port_forward(
@@ -357,17 +362,9 @@ async fn port_forward(
     RawQuery(query): RawQuery,
 ) -> Response {
     let q = query_pairs(query.as_deref());
-    let uid = s
-        .pods
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(namespace.clone(), pod.clone()))
-        .and_then(|p| p.metadata.uid.clone());
-    let Some(uid) = uid else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} is not on this node"),
-        );
+    let uid = match on_this_node(&s, &namespace, &pod, |p| p.metadata.uid.clone()) {
+        Ok(uid) => uid.unwrap_or_default(),
+        Err((status, msg)) => return text(status, msg),
     };
     let labels = [(crate::pod::spec::POD_UID.to_string(), uid)].into();
     let sandbox = match s.cri.list_pod_sandboxes(labels).await {

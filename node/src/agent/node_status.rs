@@ -74,6 +74,19 @@ fn condition(
     }
 }
 
+/// A pressure condition: True with the kubelet's `held` reason and message, else False with
+/// its `clear` ones.
+fn pressure_condition(
+    type_: &str,
+    pressure: bool,
+    held: (&str, &str),
+    clear: (&str, &str),
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> NodeCondition {
+    let (reason, message) = if pressure { held } else { clear };
+    condition(type_, pressure, reason, message, now)
+}
+
 /// The node's status as it is now.
 pub fn status(facts: &NodeFacts) -> NodeStatus {
     let now = crate::pod::now();
@@ -118,57 +131,39 @@ pub fn status(facts: &NodeFacts) -> NodeStatus {
                     &now,
                 )
             },
-            if facts.pressure.memory {
-                condition(
-                    "MemoryPressure",
-                    true,
+            pressure_condition(
+                "MemoryPressure",
+                facts.pressure.memory,
+                (
                     "KubeletHasInsufficientMemory",
                     "kubelet has insufficient memory available",
-                    &now,
-                )
-            } else {
-                condition(
-                    "MemoryPressure",
-                    false,
+                ),
+                (
                     "KubeletHasSufficientMemory",
                     "kubelet has sufficient memory available",
-                    &now,
-                )
-            },
-            if facts.pressure.disk {
-                condition(
-                    "DiskPressure",
-                    true,
-                    "KubeletHasDiskPressure",
-                    "kubelet has disk pressure",
-                    &now,
-                )
-            } else {
-                condition(
-                    "DiskPressure",
-                    false,
-                    "KubeletHasNoDiskPressure",
-                    "kubelet has no disk pressure",
-                    &now,
-                )
-            },
-            if facts.pressure.pid {
-                condition(
-                    "PIDPressure",
-                    true,
+                ),
+                &now,
+            ),
+            pressure_condition(
+                "DiskPressure",
+                facts.pressure.disk,
+                ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+                ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                &now,
+            ),
+            pressure_condition(
+                "PIDPressure",
+                facts.pressure.pid,
+                (
                     "KubeletHasInsufficientPID",
                     "kubelet has insufficient PID available",
-                    &now,
-                )
-            } else {
-                condition(
-                    "PIDPressure",
-                    false,
+                ),
+                (
                     "KubeletHasSufficientPID",
                     "kubelet has sufficient PID available",
-                    &now,
-                )
-            },
+                ),
+                &now,
+            ),
             condition(
                 "NetworkUnavailable",
                 !ready,

@@ -45,15 +45,17 @@ pub struct Threshold {
     pub amount: Amount,
 }
 
+/// The kubelet's Linux defaults for `--eviction-hard`.
+pub const KUBELET_DEFAULTS: &str =
+    "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%";
+
 /// The hard eviction thresholds in force.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thresholds(pub Vec<Threshold>);
 
 impl Default for Thresholds {
     fn default() -> Thresholds {
-        "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%"
-            .parse()
-            .expect("valid defaults")
+        KUBELET_DEFAULTS.parse().expect("valid defaults")
     }
 }
 
