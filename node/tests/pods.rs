@@ -315,15 +315,7 @@ async fn a_memory_empty_dir_is_a_tmpfs_of_its_size_limit_gone_with_the_pod() {
     let mut deleted = p.clone();
     deleted.metadata.deletion_timestamp = Some(node::pod::now());
     h.pod.send_replace(deleted);
-    skiff_tests::wait_until("the pod removed", T, || {
-        node.collector
-            .terminated
-            .lock()
-            .unwrap()
-            .contains(&uid(&p))
-            .then_some(())
-            .ok_or(())
-    });
+    node.wait_terminated(&uid(&p), "the pod removed", T);
     skiff_tests::wait_until("the tmpfs unmounted and the pod dir gone", T, || {
         let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let mounted = info.lines().any(|l| l.split(' ').nth(4) == dir.to_str());
@@ -588,24 +580,8 @@ async fn deletion_stops_within_the_grace_period_and_removes_everything() {
         deleted.metadata.deletion_timestamp = Some(node::pod::now());
         h.pod.send_replace(deleted);
     }
-    skiff_tests::wait_until("polite pod terminated", T, || {
-        node.collector
-            .terminated
-            .lock()
-            .unwrap()
-            .contains(&uid(&polite))
-            .then_some(())
-            .ok_or(())
-    });
-    skiff_tests::wait_until("stubborn pod terminated", T, || {
-        node.collector
-            .terminated
-            .lock()
-            .unwrap()
-            .contains(&uid(&stubborn))
-            .then_some(())
-            .ok_or(())
-    });
+    node.wait_terminated(&uid(&polite), "polite pod terminated", T);
+    node.wait_terminated(&uid(&stubborn), "stubborn pod terminated", T);
     // The stubborn one ignored SIGTERM and was SIGKILLed after its grace period; the polite
     // one exited on SIGTERM.
     let exit = |p: &k8s_openapi::api::core::v1::Pod| {

@@ -214,6 +214,19 @@ impl TestNode {
         })
     }
 
+    /// Waits until the pod worker has finished the pod (containers and sandbox removed).
+    pub fn wait_terminated(&self, uid: &str, what: &str, timeout: Duration) {
+        skiff_tests::wait_until(what, timeout, || {
+            self.collector
+                .terminated
+                .lock()
+                .unwrap()
+                .contains(uid)
+                .then_some(())
+                .ok_or(())
+        });
+    }
+
     /// The reasons of the pod's events so far, in order.
     pub fn reasons(&self, uid: &str) -> Vec<String> {
         self.collector
