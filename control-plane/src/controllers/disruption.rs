@@ -174,7 +174,7 @@ impl Zones {
             return Verdict::Hold("the zone is partially disrupted");
         }
         let limiter = z.limiter.get_or_insert_with(|| Limiter::new(rate, now));
-        limiter.set_rate(rate);
+        limiter.rate = rate;
         match limiter.take(now) {
             Ok(()) => Verdict::Taint,
             Err(wait) => Verdict::Wait(wait),
@@ -196,10 +196,6 @@ impl Limiter {
             tokens: 1.0,
             at: now,
         }
-    }
-
-    fn set_rate(&mut self, rate: f64) {
-        self.rate = rate;
     }
 
     fn take(&mut self, now: Instant) -> Result<(), Duration> {

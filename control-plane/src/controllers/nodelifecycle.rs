@@ -232,12 +232,8 @@ impl Reconciler for NodeLifecycleController {
         });
         let all_down = self.zones().all_fully_disrupted(&self.rates);
         if all_down || new_no_execute {
-            let verdict = if all_down {
-                Verdict::Hold("every node of every zone is not ready")
-            } else {
-                self.zones().admit(&zone, &self.rates, Instant::now())
-            };
-            match verdict {
+            // (Every zone down: a Hold, whether or not this node still needs its taint.)
+            match self.zones().admit(&zone, &self.rates, Instant::now()) {
                 Verdict::Taint => {}
                 Verdict::Wait(wait) => {
                     desired.retain(|(_, e)| *e != "NoExecute");
