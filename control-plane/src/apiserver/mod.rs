@@ -4,7 +4,7 @@
 //!
 //! Rooms: `http` (connections, auth, routing), `request` (paths and query options),
 //! `negotiate` (content types in and out), `protobuf` (kubectl's protobuf bodies), `handlers`
-//! (get/list/watch/create/update/patch/delete and subresources), `admission` (ClusterIP and
+//! (get/list/watch/create/update/patch/delete and subresources), `allocation` (ClusterIP and
 //! NodePort allocation), `rules` (the seam to the machinery: defaulting, validation, selectors,
 //! patches, table cells), `registry` (the served resources), `discovery`, `table`, `meta`,
 //! `output`, `kubeconfig`, `metrics`.
@@ -13,7 +13,7 @@
 // handler, so returning it unboxed is simpler and costs nothing that matters.
 #![allow(clippy::result_large_err)]
 
-pub mod admission;
+pub mod allocation;
 mod conversion;
 mod discovery;
 mod handlers;
@@ -40,8 +40,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use self::admission::cluster_ip::Cidr;
-use self::admission::Admission;
+use self::allocation::cluster_ip::Cidr;
+use self::allocation::Allocator;
 use self::handlers::Ctx;
 use self::metrics::Metrics;
 use crate::store::cache::{Cache, CacheOptions, CacheSpec};
@@ -148,13 +148,13 @@ impl Server {
             },
         )
         .await?;
-        let admission = Admission::new(config.service_cidr, config.node_ports.clone());
-        restore_allocations(&cache, &admission)?;
+        let allocator = Allocator::new(config.service_cidr, config.node_ports.clone());
+        restore_allocations(&cache, &allocator)?;
         let shutdown = CancellationToken::new();
         let ctx = Arc::new(Ctx {
             store: shared.clone(),
             cache,
-            admission,
+            allocator,
             shutdown: shutdown.clone(),
             metrics: Metrics::new(),
             bookmark_interval: config.bookmark_interval,
@@ -245,7 +245,7 @@ impl RunningServer {
 }
 
 /// Marks the ClusterIPs and NodePorts the stored Services hold.
-fn restore_allocations(cache: &Cache, admission: &Admission) -> Result<(), StartError> {
+fn restore_allocations(cache: &Cache, allocator: &Allocator) -> Result<(), StartError> {
     let services = registry::find("", "v1", "services").expect("services are registered");
     let rc = cache.resource(&services.prefix())?;
     let everything: crate::store::cache::Filter = Arc::new(|_| true);
@@ -256,7 +256,7 @@ fn restore_allocations(cache: &Cache, admission: &Admission) -> Result<(), Start
         None,
         cache.revision(),
     );
-    admission.restore(page.items.iter().filter_map(|o| o.value().ok()));
+    allocator.restore(page.items.iter().filter_map(|o| o.value().ok()));
     Ok(())
 }
 

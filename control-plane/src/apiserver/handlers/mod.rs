@@ -19,7 +19,7 @@ use hyper::upgrade::OnUpgrade;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::Admission;
+use super::allocation::Allocator;
 use super::metrics::Metrics;
 use super::output::Resp;
 use super::registry::{self, Resource, Subresource};
@@ -35,7 +35,8 @@ const CACHE_WAIT: Duration = Duration::from_secs(10);
 pub struct Ctx {
     pub store: Arc<dyn Store>,
     pub cache: Arc<Cache>,
-    pub admission: Admission,
+    /// ClusterIPs and NodePorts of Services.
+    pub allocator: Allocator,
     pub shutdown: CancellationToken,
     pub metrics: Metrics,
     /// How often an idle watch with allowWatchBookmarks gets a BOOKMARK.

@@ -146,9 +146,9 @@ pub async fn create_object(
     if !errors.is_empty() {
         return Err(ApiError::invalid(r.group, r.kind, &name, errors));
     }
-    let alloc = ctx.admission.admit_create(r, &mut obj, opts.dry_run)?;
+    let alloc = ctx.allocator.allocate_create(r, &mut obj, opts.dry_run)?;
     if opts.dry_run {
-        ctx.admission.rollback(alloc);
+        ctx.allocator.rollback(alloc);
         return Ok(obj);
     }
     let value = conversion::stored_bytes(r, &obj)?;
@@ -162,13 +162,13 @@ pub async fn create_object(
         .await;
     match written {
         Ok(w) => {
-            ctx.admission.commit(alloc);
+            ctx.allocator.commit(alloc);
             meta::set_resource_version(&mut obj, w.revision);
             ctx.metrics.wrote(r.plural, "create");
             Ok(obj)
         }
         Err(e) => {
-            ctx.admission.rollback(alloc);
+            ctx.allocator.rollback(alloc);
             Err(store_error(r, &name, e))
         }
     }
@@ -300,10 +300,10 @@ pub async fn update_object(
             return Err(ApiError::invalid(r.group, r.kind, name, errors));
         }
         let alloc = ctx
-            .admission
-            .admit_update(r, &mut new, &cur, opts.dry_run)?;
+            .allocator
+            .allocate_update(r, &mut new, &cur, opts.dry_run)?;
         if unchanged(&new, &cur) || opts.dry_run {
-            ctx.admission.rollback(alloc);
+            ctx.allocator.rollback(alloc);
             return Ok(if opts.dry_run { new } else { cur });
         }
         let finished = finishes_deletion(&cur, &new);
@@ -321,19 +321,19 @@ pub async fn update_object(
         };
         match ctx.store.write(op).await {
             Ok(w) => {
-                ctx.admission.commit(alloc);
+                ctx.allocator.commit(alloc);
                 if finished {
-                    ctx.admission.deleted(r, &new);
+                    ctx.allocator.deleted(r, &new);
                 }
                 meta::set_resource_version(&mut new, w.revision);
                 ctx.metrics.wrote(r.plural, "update");
                 return Ok(new);
             }
             Err(StoreError::Conflict { .. }) if expected.is_none() => {
-                ctx.admission.rollback(alloc);
+                ctx.allocator.rollback(alloc);
             }
             Err(e) => {
-                ctx.admission.rollback(alloc);
+                ctx.allocator.rollback(alloc);
                 return Err(store_error(r, name, e));
             }
         }

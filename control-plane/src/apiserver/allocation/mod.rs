@@ -1,7 +1,7 @@
-//! Admission that needs server state: ClusterIP and NodePort allocation for Services (derived
-//! from the stored Services on start, released on delete). Stateless defaulting and validation
-//! come from the machinery (see `rules`); NamespaceLifecycle is in the write handlers, which
-//! have the namespaces at hand.
+//! ClusterIP and NodePort allocation for Services (derived from the stored Services on start,
+//! taken before a write, given back if it fails, released on delete). Part of persisting a
+//! Service, as in Kubernetes' service storage, not an admission plugin: admission
+//! (`apiserver/admission/`) runs before it.
 
 pub mod cluster_ip;
 pub mod node_port;
@@ -28,7 +28,7 @@ pub struct Allocation {
     freed_ports: Vec<u16>,
 }
 
-pub struct Admission {
+pub struct Allocator {
     ips: Mutex<IpAllocator>,
     ports: Mutex<PortAllocator>,
 }
@@ -81,9 +81,9 @@ fn wants_node_ports(svc: &Value) -> bool {
     matches!(svc_type(svc), "NodePort" | "LoadBalancer")
 }
 
-impl Admission {
-    pub fn new(service_cidr: Cidr, node_ports: RangeInclusive<u16>) -> Admission {
-        Admission {
+impl Allocator {
+    pub fn new(service_cidr: Cidr, node_ports: RangeInclusive<u16>) -> Allocator {
+        Allocator {
             ips: Mutex::new(IpAllocator::new(service_cidr)),
             ports: Mutex::new(PortAllocator::new(node_ports)),
         }
@@ -117,7 +117,7 @@ impl Admission {
     }
 
     /// Fills in a new Service's ClusterIP and NodePorts. With `dry_run` nothing is taken.
-    pub fn admit_create(
+    pub fn allocate_create(
         &self,
         r: &Resource,
         obj: &mut Value,
@@ -139,7 +139,7 @@ impl Admission {
 
     /// Keeps an updated Service's allocations (a client may omit them), allocating what a
     /// type change newly needs and freeing what it no longer does.
-    pub fn admit_update(
+    pub fn allocate_update(
         &self,
         r: &Resource,
         new: &mut Value,
@@ -343,8 +343,8 @@ mod tests {
     use super::*;
     use crate::apiserver::registry::find;
 
-    fn admission() -> Admission {
-        Admission::new("10.96.0.0/29".parse().unwrap(), 30000..=30001)
+    fn allocator() -> Allocator {
+        Allocator::new("10.96.0.0/29".parse().unwrap(), 30000..=30001)
     }
 
     fn svc(ty: &str, ip: &str, node_port: u64) -> Value {
@@ -354,10 +354,10 @@ mod tests {
 
     #[test]
     fn service_gets_ip_and_node_port_and_gives_them_back() {
-        let a = admission();
+        let a = allocator();
         let r = find("", "v1", "services").unwrap();
         let mut s = svc("NodePort", "", 0);
-        let alloc = a.admit_create(r, &mut s, false).unwrap();
+        let alloc = a.allocate_create(r, &mut s, false).unwrap();
         a.commit(alloc);
         let ip = s["spec"]["clusterIP"].as_str().unwrap().to_string();
         assert!(ip.starts_with("10.96.0."));
@@ -365,35 +365,35 @@ mod tests {
         let np = s["spec"]["ports"][0]["nodePort"].as_u64().unwrap();
         // the same IP or port again is refused
         let mut again = svc("NodePort", &ip, np);
-        let e = a.admit_create(r, &mut again, false).unwrap_err();
+        let e = a.allocate_create(r, &mut again, false).unwrap_err();
         assert_eq!(e.code, 422);
         assert!(e.message.contains("already allocated"), "{}", e.message);
         // an update that omits them keeps them
         let mut upd = svc("NodePort", "", 0);
-        a.commit(a.admit_update(r, &mut upd, &s, false).unwrap());
+        a.commit(a.allocate_update(r, &mut upd, &s, false).unwrap());
         assert_eq!(upd["spec"]["clusterIP"], ip.as_str());
         assert_eq!(upd["spec"]["ports"][0]["nodePort"], np);
         a.deleted(r, &upd);
         let mut again = svc("NodePort", &ip, np);
-        a.commit(a.admit_create(r, &mut again, false).unwrap());
+        a.commit(a.allocate_create(r, &mut again, false).unwrap());
     }
 
     #[test]
     fn failed_writes_roll_back_and_dry_runs_take_nothing() {
-        let a = admission();
+        let a = allocator();
         let r = find("", "v1", "services").unwrap();
         let mut s = svc("ClusterIP", "10.96.0.2", 0);
-        a.commit(a.admit_create(r, &mut s, true).unwrap());
+        a.commit(a.allocate_create(r, &mut s, true).unwrap());
         let mut s = svc("ClusterIP", "10.96.0.2", 0);
-        let alloc = a.admit_create(r, &mut s, false).unwrap();
+        let alloc = a.allocate_create(r, &mut s, false).unwrap();
         a.rollback(alloc);
         let mut s = svc("ClusterIP", "10.96.0.2", 0);
-        a.commit(a.admit_create(r, &mut s, false).unwrap());
+        a.commit(a.allocate_create(r, &mut s, false).unwrap());
         let mut out = svc("ClusterIP", "10.97.0.2", 0);
-        let e = a.admit_create(r, &mut out, false).unwrap_err();
+        let e = a.allocate_create(r, &mut out, false).unwrap_err();
         assert!(e.message.contains("valid range"), "{}", e.message);
         let mut headless = svc("ClusterIP", "None", 0);
-        a.commit(a.admit_create(r, &mut headless, false).unwrap());
+        a.commit(a.allocate_create(r, &mut headless, false).unwrap());
         assert_eq!(headless["spec"]["clusterIP"], "None");
     }
 }
