@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::machinery::fieldmanager::Operation;
 use crate::machinery::ApiError;
 
 /// A path under `/api` or `/apis`.
@@ -186,8 +187,12 @@ pub enum FieldValidation {
 pub struct WriteOptions {
     pub dry_run: bool,
     pub field_validation: FieldValidation,
+    /// The `fieldManager` parameter; the handlers fill it from the User-Agent when absent.
     pub field_manager: Option<String>,
     pub force: bool,
+    /// Whether the write is a server-side apply (its managed fields are computed by the
+    /// apply itself) or an update of any other kind.
+    pub operation: Operation,
 }
 
 impl WriteOptions {
@@ -216,6 +221,7 @@ impl WriteOptions {
             field_validation,
             field_manager: q.get("fieldManager").cloned(),
             force: q.get("force").is_some_and(|v| v == "true"),
+            operation: Operation::Update,
         })
     }
 }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::registry::Resource;
+use super::registry::{Resource, Subresource};
+use super::request::WriteOptions;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::machinery::fieldmanager::{self, Operation, Writer};
 use crate::machinery::kinds::{self, KindRules};
 use crate::machinery::patch::{self, PatchType};
 use crate::machinery::{strict, ApiError, FieldError, FieldSelector, GroupKind, LabelSelector};
@@ -123,9 +125,77 @@ pub fn is_apply(t: PatchType) -> bool {
     t == PatchType::Apply
 }
 
-/// Applies a patch to the current object.
+/// Applies a JSON, merge or strategic-merge patch to the current object.
 pub fn patch(r: &Resource, cur: &Value, t: PatchType, body: &[u8]) -> Result<Value, ApiError> {
     patch::apply(&GroupKind::new(r.group, r.kind), cur, t, body)
+}
+
+/// Who writes, for managedFields: `subresource` is empty for the main resource, whose
+/// writes do not own `.status` when status is a subresource (Kubernetes' reset fields).
+fn writer<'a>(
+    r: &Resource,
+    opts: &'a WriteOptions,
+    operation: Operation,
+    subresource: &'a str,
+    api_version: &'a str,
+    now: &'a str,
+) -> Writer<'a> {
+    Writer {
+        manager: opts.field_manager.as_deref().unwrap_or(""),
+        operation,
+        subresource,
+        api_version,
+        now,
+        ignored: (subresource.is_empty() && r.has(Subresource::Status)).then_some("status"),
+    }
+}
+
+fn managed_type(r: &Resource) -> Arc<fieldmanager::Type> {
+    fieldmanager::type_of(&GroupKind::new(r.group, r.kind), r.schema.build)
+}
+
+/// What Kubernetes' typed decoding leaves of an object: no empty maps or lists in optional
+/// fields, no null fields.
+pub fn normalize(r: &Resource, obj: &mut Value) {
+    fieldmanager::drop_empty(&managed_type(r), obj);
+}
+
+/// Whether the kind has a `metadata.generation` (Kubernetes sets it only where a controller
+/// observes the spec: workloads, pods, EndpointSlices).
+pub fn tracks_generation(r: &Resource) -> bool {
+    kinds::tracks_generation(r.group, r.kind)
+}
+
+/// Records a create (`live` None) or an update in `new`'s managedFields.
+pub fn record_update(
+    r: &Resource,
+    live: Option<&Value>,
+    new: &mut Value,
+    opts: &WriteOptions,
+    subresource: &str,
+) {
+    let (api_version, now) = (r.api_version(), super::meta::now());
+    let w = writer(r, opts, Operation::Update, subresource, &api_version, &now);
+    fieldmanager::record_update(&managed_type(r), live, new, &w);
+}
+
+/// Server-side apply of `body` onto `live` (None: create), with conflicts per field.
+pub fn apply(
+    r: &Resource,
+    live: Option<&Value>,
+    body: &[u8],
+    opts: &WriteOptions,
+) -> Result<Value, ApiError> {
+    let (api_version, now) = (r.api_version(), super::meta::now());
+    let w = writer(r, opts, Operation::Apply, "", &api_version, &now);
+    patch::server_side_apply(
+        &GroupKind::new(r.group, r.kind),
+        &managed_type(r),
+        live,
+        body,
+        &w,
+        opts.force,
+    )
 }
 
 /// The Table columns of the kind (wide ones at priority 1).

@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod duration;
+pub mod fieldmanager;
 pub mod group_kind;
 pub mod kinds;
 pub mod patch;

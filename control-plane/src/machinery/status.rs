@@ -72,6 +72,8 @@ pub enum CauseType {
     NotFound,
     /// `FieldValueTooMany`
     TooMany,
+    /// `FieldManagerConflict` (server-side apply: another manager owns the field)
+    FieldManagerConflict,
 }
 
 impl CauseType {
@@ -87,6 +89,7 @@ impl CauseType {
             CauseType::Unknown => "FieldValueUnknown",
             CauseType::NotFound => "FieldValueNotFound",
             CauseType::TooMany => "FieldValueTooMany",
+            CauseType::FieldManagerConflict => "FieldManagerConflict",
         }
     }
 }

@@ -75,7 +75,7 @@ pub async fn get_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Re
 }
 
 pub async fn update_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
-    let opts = WriteOptions::from_query(call.query)?;
+    let opts = super::write::options(call)?;
     let format = BodyFormat::of(call.header(header::CONTENT_TYPE))?;
     let scale = negotiate::decode_object(format, &call.body)?;
     let replicas = replicas_of(&scale)?;
@@ -92,9 +92,10 @@ pub async fn update_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result
 }
 
 pub async fn patch_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
-    let opts = WriteOptions::from_query(call.query)?;
+    let opts = super::write::options(call)?;
     let content_type = call.header(header::CONTENT_TYPE).unwrap_or("");
     let pt = rules::patch_type(content_type)
+        .filter(|t| !rules::is_apply(*t))
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
     let body = call.body.clone();
     let r = call.resource;

@@ -15,7 +15,8 @@ use crate::apiserver::output::{self, Resp};
 use crate::apiserver::registry::{Resource, StatusOnCreate, Subresource};
 use crate::apiserver::request::{FieldValidation, WriteOptions};
 use crate::apiserver::{conversion, meta, rules};
-use crate::machinery::ApiError;
+use crate::machinery::fieldmanager::{self, Operation};
+use crate::machinery::{ApiError, CauseType, FieldError};
 use crate::store::{Precondition, Revision, StoreError, WriteOp};
 
 /// Which part of an object a write may change.
@@ -32,6 +33,51 @@ pub enum Part {
 
 /// Retries of an update that lost a race with another writer.
 const UPDATE_RETRIES: usize = 16;
+
+/// The options of a write: the query's, with the field manager taken from the User-Agent
+/// when the client named none (Kubernetes' rule), checked as Kubernetes checks them.
+pub fn options(call: &Call<'_>) -> Result<WriteOptions, ApiError> {
+    let mut opts = WriteOptions::from_query(call.query)?;
+    let (options_kind, apply) = match *call.method {
+        http::Method::POST => ("CreateOptions", false),
+        http::Method::PATCH => (
+            "PatchOptions",
+            call.header(header::CONTENT_TYPE)
+                .and_then(rules::patch_type)
+                .is_some_and(rules::is_apply),
+        ),
+        _ => ("UpdateOptions", false),
+    };
+    let mut errors = Vec::new();
+    match &opts.field_manager {
+        None if apply => errors.push(FieldError::new(
+            CauseType::Required,
+            "fieldManager",
+            "Required value: is required for apply patch",
+        )),
+        Some(m) if m.len() > fieldmanager::MAX_MANAGER_LENGTH => errors.push(FieldError::too_long(
+            "fieldManager",
+            fieldmanager::MAX_MANAGER_LENGTH,
+        )),
+        Some(m) if m.chars().any(char::is_control) => errors.push(FieldError::invalid(
+            "fieldManager",
+            m,
+            "must only contain printable characters",
+        )),
+        _ => {}
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::invalid("meta.k8s.io", options_kind, "", errors));
+    }
+    if opts.field_manager.is_none() {
+        let ua = call.header(header::USER_AGENT).unwrap_or("");
+        opts.field_manager = Some(fieldmanager::manager_from_user_agent(ua));
+    }
+    if apply {
+        opts.operation = Operation::Apply;
+    }
+    Ok(opts)
+}
 
 /// Decodes an object body and checks it names this resource.
 fn decode_body(call: &Call<'_>, opts: &WriteOptions) -> Result<Value, ApiError> {
@@ -86,7 +132,7 @@ fn place(r: &Resource, ns: Option<&str>, obj: &mut Value) -> Result<(), ApiError
 }
 
 pub async fn create(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, ApiError> {
-    let opts = WriteOptions::from_query(call.query)?;
+    let opts = options(call)?;
     let obj = decode_body(call, &opts)?;
     let stored = create_object(ctx, call.resource, call.namespace(), obj, &opts).await?;
     Ok(output::json(StatusCode::CREATED, &stored))
@@ -115,13 +161,15 @@ pub async fn create_object(
     }
     m.insert("uid".into(), json!(meta::new_uid()));
     m.insert("creationTimestamp".into(), json!(meta::now()));
-    m.insert("generation".into(), json!(1));
+    match rules::tracks_generation(r) {
+        true => m.insert("generation".into(), json!(1)),
+        false => m.remove("generation"),
+    };
     for k in [
         "resourceVersion",
         "deletionTimestamp",
         "deletionGracePeriodSeconds",
         "selfLink",
-        "managedFields",
     ] {
         m.remove(k);
     }
@@ -142,6 +190,10 @@ pub async fn create_object(
         namespace_lifecycle(ctx, ns.unwrap_or_default()).await?;
     }
     rules::default(r, &mut obj);
+    rules::normalize(r, &mut obj);
+    if opts.operation == Operation::Update {
+        rules::record_update(r, None, &mut obj, opts, "");
+    }
     let errors = rules::validate(r, &obj, None);
     if !errors.is_empty() {
         return Err(ApiError::invalid(r.group, r.kind, &name, errors));
@@ -204,7 +256,7 @@ pub async fn update(
     name: &str,
     part: Part,
 ) -> Result<Resp, ApiError> {
-    let opts = WriteOptions::from_query(call.query)?;
+    let opts = options(call)?;
     let mut obj = decode_body(call, &opts)?;
     match meta::name(&obj) {
         Some(n) if n != name => {
@@ -230,10 +282,11 @@ pub async fn patch(
     name: &str,
     part: Part,
 ) -> Result<Resp, ApiError> {
-    let opts = WriteOptions::from_query(call.query)?;
+    let opts = options(call)?;
     let content_type = call.header(header::CONTENT_TYPE).unwrap_or("");
     let patch_type = rules::patch_type(content_type)
         .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
+    let apply = opts.operation == Operation::Apply;
     let body = call.body.clone();
     let r = call.resource;
     // A patch naming a resourceVersion is a precondition, as Kubernetes treats it.
@@ -243,17 +296,21 @@ pub async fn patch(
         .map(|rv| meta::parse_revision(&rv))
         .transpose()?;
     let result = update_object(ctx, call, name, part, expected, &opts, |cur| {
-        let patched = rules::patch(r, cur, patch_type, &body)?;
+        let patched = match apply {
+            true => rules::apply(r, Some(cur), &body, &opts)?,
+            false => rules::patch(r, cur, patch_type, &body)?,
+        };
         strict(r, &patched, &opts)?;
         Ok(patched)
     })
     .await;
     match result {
-        Err(e) if e.code == 404 && rules::is_apply(patch_type) && part == Part::Main => {
+        Err(e) if e.code == 404 && apply && part == Part::Main => {
             // Server-side apply creates what does not exist yet.
-            let empty =
-                json!({"apiVersion": r.api_version(), "kind": r.kind, "metadata": {"name": name}});
-            let mut obj = rules::patch(r, &empty, patch_type, &body)?;
+            let mut obj = rules::apply(r, None, &body, &opts)?;
+            meta::metadata_mut(&mut obj)?
+                .entry("name")
+                .or_insert_with(|| json!(name));
             check_kind(r, &mut obj)?;
             strict(r, &obj, &opts)?;
             let stored = create_object(ctx, r, call.namespace(), obj, &opts).await?;
@@ -292,6 +349,11 @@ pub async fn update_object(
         check_kind(r, &mut new)?;
         prepare_update(r, part, &mut new, &cur)?;
         rules::default(r, &mut new);
+        rules::normalize(r, &mut new);
+        if opts.operation == Operation::Update && part != Part::System {
+            let subresource = call.path.subresource.as_deref().unwrap_or("");
+            rules::record_update(r, Some(&cur), &mut new, opts, subresource);
+        }
         let errors = match part {
             Part::System => Vec::new(),
             Part::Main | Part::Status => rules::validate(r, &new, Some(&cur)),
@@ -418,18 +480,25 @@ fn prepare_update(r: &Resource, part: Part, new: &mut Value, cur: &Value) -> Res
         };
     }
     m.remove("selfLink");
-    let generation = meta::generation(cur) + i64::from(spec_changed);
-    m.insert("generation".into(), json!(generation.max(1)));
+    if rules::tracks_generation(r) {
+        let generation = meta::generation(cur) + i64::from(spec_changed);
+        m.insert("generation".into(), json!(generation.max(1)));
+    } else {
+        match cur_meta.get("generation") {
+            Some(g) => m.insert("generation".into(), g.clone()),
+            None => m.remove("generation"),
+        };
+    }
     Ok(())
 }
 
-/// Whether an update changes nothing (then nothing is written and the revision stays).
+/// Whether an update changes nothing, managed fields included (then nothing is written and
+/// the revision stays).
 fn unchanged(new: &Value, cur: &Value) -> bool {
     let strip = |v: &Value| {
         let mut v = v.clone();
         if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
-            m.remove("managedFields");
         }
         v
     };

@@ -46,6 +46,22 @@ pub struct KindRules {
 
 fn no_defaults(_: &mut Value) {}
 
+/// Whether Kubernetes keeps `metadata.generation` for the kind: its strategies set it to 1 on
+/// create and bump it when the spec changes for pods, workloads and EndpointSlices; other
+/// kinds (ConfigMaps, Services, Nodes...) have none.
+pub fn tracks_generation(group: &str, kind: &str) -> bool {
+    matches!(
+        (group, kind),
+        ("", "Pod" | "ReplicationController")
+            | ("apps", "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet")
+            | ("batch", "Job" | "CronJob")
+            | ("discovery.k8s.io", "EndpointSlice")
+            | ("networking.k8s.io", "Ingress" | "NetworkPolicy")
+            | ("policy", "PodDisruptionBudget")
+            | ("autoscaling", "HorizontalPodAutoscaler")
+    )
+}
+
 static NAMESPACE: KindRules = KindRules {
     default: core::default_namespace,
     validate: core::validate_namespace,

@@ -1,20 +1,19 @@
 //! PATCH bodies applied to a live object: JSON patch (RFC 6902), JSON merge patch (RFC 7386),
 //! strategic merge patch (kubectl apply/edit/label/annotate) and server-side apply.
 //!
-//! Server-side apply here covers the common case: the applied configuration is merged into
-//! the live object with the kind's strategic-merge strategies, so fields absent from the
-//! applied configuration are kept. There is no managedFields tracking and no conflict
-//! detection between field managers yet; every apply behaves as if `force=true`.
+//! Server-side apply parses and checks the applied configuration here; the merge, the
+//! ownership of fields and the conflicts are `fieldmanager`'s.
 
 mod strategic;
 mod strategy;
 
 use serde_json::{Map, Value};
 
+use super::fieldmanager::{self, Type, Writer};
 use super::status::ApiError;
 use super::GroupKind;
 pub use strategic::SmpError;
-pub use strategy::{schema_for, FieldStrategy, Schema};
+pub use strategy::{schema_for, FieldStrategy, Schema, EMPTY};
 
 /// Kubernetes' cap on the operations of one JSON patch.
 const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
@@ -55,9 +54,9 @@ impl PatchType {
     }
 }
 
-/// Applies a PATCH body to `original`. For server-side apply of an object that does not exist
-/// yet, pass `Value::Null` (or `{}`) as `original`. The result is not validated here: the
-/// caller runs defaulting and validation on it as on any update.
+/// Applies a JSON, merge or strategic-merge PATCH body to `original` (server-side apply is
+/// [`server_side_apply`]). The result is not validated here: the caller runs defaulting and
+/// validation on it as on any update.
 pub fn apply(
     kind: &GroupKind,
     original: &Value,
@@ -68,7 +67,11 @@ pub fn apply(
         PatchType::Json => json_patch(original, body)?,
         PatchType::Merge => merge_patch(original, body)?,
         PatchType::StrategicMerge => strategic_merge_patch(kind, original, body)?,
-        PatchType::Apply => server_side_apply(kind, original, body)?,
+        PatchType::Apply => {
+            return Err(ApiError::internal(
+                "server-side apply needs its field manager (patch::server_side_apply)",
+            ))
+        }
     };
     if !patched.is_object() {
         return Err(unprocessable(format!(
@@ -170,7 +173,18 @@ fn strategic_merge_patch(
         .map_err(smp_error)
 }
 
-fn server_side_apply(kind: &GroupKind, original: &Value, body: &[u8]) -> Result<Value, ApiError> {
+/// Server-side apply of the configuration in `body` (YAML or JSON) by `writer` onto `live`
+/// (None: the object does not exist yet), with `t` the kind's shape. Returns the merged
+/// object with its managedFields; a field another manager owns that the apply would change
+/// is a 409 Conflict unless `force`.
+pub fn server_side_apply(
+    kind: &GroupKind,
+    t: &Type,
+    live: Option<&Value>,
+    body: &[u8],
+    writer: &Writer<'_>,
+    force: bool,
+) -> Result<Value, ApiError> {
     let applied: Value = serde_saphyr::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
     let Value::Object(applied) = applied else {
@@ -195,24 +209,23 @@ fn server_side_apply(kind: &GroupKind, original: &Value, body: &[u8]) -> Result<
             ))
         }
     }
-    let original = original_object(kind, original)?;
-    let name_of = |m: &Map<String, Value>| {
-        m.get("metadata")
-            .and_then(|md| md.get("name"))
+    let name_of = |m: Option<&Value>| {
+        m.and_then(|m| m.pointer("/metadata/name"))
             .and_then(Value::as_str)
             .map(str::to_string)
     };
-    if let (Some(live), Some(wanted)) = (name_of(&original), name_of(&applied)) {
-        if live != wanted {
+    let applied = Value::Object(applied);
+    if let (Some(live_name), Some(wanted)) = (name_of(live), name_of(Some(&applied))) {
+        if live_name != wanted {
             return Err(ApiError::bad_request(format!(
-                "the name of the applied configuration ({wanted}) does not match the name of the object ({live})"
+                "the name of the applied configuration ({wanted}) does not match the name of the object ({live_name})"
             )));
         }
     }
-    let schema = schema_or_unsupported(kind)?;
-    strategic::merge_map(original, applied, schema)
-        .map(Value::Object)
-        .map_err(smp_error)
+    if let Some(l) = live {
+        original_object(kind, l)?;
+    }
+    Ok(fieldmanager::apply(t, live, &applied, writer, force)?)
 }
 
 #[cfg(test)]
@@ -350,21 +363,35 @@ mod tests {
 
     #[test]
     fn server_side_apply_keeps_other_fields() {
+        use k8s_openapi::api::core::v1::Pod;
+        use schemars::JsonSchema;
+        let t = fieldmanager::type_of(&gk("Pod"), Pod::json_schema);
+        let w = Writer {
+            manager: "m",
+            operation: fieldmanager::Operation::Apply,
+            subresource: "",
+            api_version: "v1",
+            now: "2026-01-01T00:00:00Z",
+            ignored: Some("status"),
+        };
+        // Forced: the live pod predates field management, so a placeholder manager owns it.
+        let ssa = |live: Option<&Value>, body: &[u8]| {
+            server_side_apply(&gk("Pod"), &t, live, body, &w, true)
+        };
         let body = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  labels:\n    b: \"2\"\nspec:\n  containers:\n  - name: c\n    image: i:3\n";
-        let out = apply(&gk("Pod"), &pod(), PatchType::Apply, body).unwrap();
+        let out = ssa(Some(&pod()), body).unwrap();
         assert_eq!(out["metadata"]["labels"], json!({"a":"1","b":"2"}));
         assert_eq!(
             out["spec"]["containers"],
             json!([{"name":"c","image":"i:3"}])
         );
         // Creating through apply: no live object yet.
-        let created = apply(&gk("Pod"), &Value::Null, PatchType::Apply, body).unwrap();
+        let created = ssa(None, body).unwrap();
         assert_eq!(created["metadata"]["name"], "p");
+        assert_eq!(created["metadata"]["managedFields"][0]["manager"], "m");
         // JSON is YAML too.
-        let out = apply(
-            &gk("Pod"),
-            &pod(),
-            PatchType::Apply,
+        let out = ssa(
+            Some(&pod()),
             br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}"#,
         )
         .unwrap();
@@ -377,13 +404,15 @@ mod tests {
             b"{{{",
         ] {
             assert_eq!(
-                apply(&gk("Pod"), &pod(), PatchType::Apply, bad)
-                    .unwrap_err()
-                    .code,
+                ssa(Some(&pod()), bad).unwrap_err().code,
                 400,
                 "{}",
                 String::from_utf8_lossy(bad)
             );
         }
+        assert_eq!(
+            apply(&gk("Pod"), &pod(), PatchType::Apply, b"{}").unwrap_err().code,
+            500
+        );
     }
 }
