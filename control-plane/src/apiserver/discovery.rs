@@ -1,7 +1,8 @@
 //! What the server tells clients about itself: /version, legacy discovery (APIVersions,
 //! APIGroupList, APIResourceList), aggregated discovery v2 (and v2beta1, for kubectl 1.29) with
-//! its exact content type, and a minimal OpenAPI v3 whose PATCH operations declare the
-//! `fieldValidation` parameter, so kubectl leaves validation to the server.
+//! its exact content type, and OpenAPI v3 (per group-version) and v2 (one document, see
+//! `openapi_v2.rs` for its protobuf form) from the same schemas, whose PATCH operations
+//! declare the `fieldValidation` parameter, so kubectl leaves validation to the server.
 
 use http::StatusCode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -226,58 +227,105 @@ pub fn openapi_index() -> Value {
     json!({ "paths": paths })
 }
 
-/// `/openapi/v3/<gv>`: each resource's paths with their group-version-kind and the
-/// `fieldValidation` parameter on writes, and the resources' schemas (from k8s-openapi, with
-/// their descriptions) under components, each kind marked with its group-version-kind, as
-/// `kubectl explain` looks them up.
-pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
-    let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+/// The `fieldValidation` query parameter, in OpenAPI v3 (`schema`) or v2 (`type`) form.
+pub fn field_validation_parameter(v2: bool) -> Value {
+    let description = "Ignore, Warn or Strict: how unknown or duplicate fields are treated";
+    if v2 {
+        json!({"name": "fieldValidation", "in": "query", "type": "string", "uniqueItems": true,
+               "description": description})
+    } else {
+        json!({"name": "fieldValidation", "in": "query",
+               "schema": {"type": "string", "uniqueItems": true}, "description": description})
+    }
+}
+
+/// A resource's collection and item paths with their operations, each marked with the
+/// resource's group-version-kind and declaring the `fieldValidation` parameter on writes.
+pub fn resource_paths(r: &Resource, gv_path: &str, v2: bool) -> [(String, Value); 2] {
+    let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+    let base = if r.namespaced() {
+        format!("/{gv_path}/namespaces/{{namespace}}/{}", r.plural)
+    } else {
+        format!("/{gv_path}/{}", r.plural)
+    };
+    let op = |action: &str, id: &str| {
+        json!({
+            "operationId": format!("{id}{}", r.kind),
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": gvk,
+            "parameters": [field_validation_parameter(v2)],
+            "responses": {"200": {"description": "OK"}},
+        })
+    };
+    [
+        (
+            base.clone(),
+            json!({"post": op("post", "create"), "get": op("list", "list")}),
+        ),
+        (
+            format!("{base}/{{name}}"),
+            json!({"get": op("get", "read"), "put": op("put", "replace"),
+                   "patch": op("patch", "patch"), "delete": op("delete", "delete")}),
+        ),
+    ]
+}
+
+/// The schemas of the resources `include` selects and of everything they refer to, each
+/// kind marked with its group-version-kind (as `kubectl explain` looks them up); references
+/// point below `definitions_path` (`/components/schemas` for v3, `/definitions` for v2).
+pub fn kind_schemas(
+    definitions_path: &'static str,
+    include: impl Fn(&Resource) -> bool,
+) -> serde_json::Map<String, Value> {
+    let mut settings = schemars::generate::SchemaSettings::openapi3();
+    settings.definitions_path = definitions_path.into();
+    let mut generator = settings.into_generator();
     let mut schemas = serde_json::Map::new();
-    let mut paths = serde_json::Map::new();
-    let field_validation = json!({
-        "name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true},
-        "description": "Ignore, Warn or Strict: how unknown or duplicate fields are treated",
-    });
-    for r in RESOURCES
-        .iter()
-        .filter(|r| openapi_gv_path(r.group, r.version) == gv_path)
-    {
+    for r in RESOURCES.iter().filter(|r| include(r)) {
         let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
         let mut schema = (r.schema.build)(&mut generator).to_value();
         schema["x-kubernetes-group-version-kind"] = json!([gvk]);
         schemas.insert((r.schema.name)().into_owned(), schema);
-        let base = if r.namespaced() {
-            format!("/{gv_path}/namespaces/{{namespace}}/{}", r.plural)
-        } else {
-            format!("/{gv_path}/{}", r.plural)
-        };
-        let op = |action: &str| {
-            json!({
-                "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": gvk,
-                "parameters": [field_validation],
-                "responses": {"200": {"description": "OK"}},
-            })
-        };
-        paths.insert(base.clone(), json!({"post": op("post"), "get": op("list")}));
-        paths.insert(
-            format!("{base}/{{name}}"),
-            json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
-        );
-    }
-    if paths.is_empty() {
-        return None;
     }
     // What the kinds refer to (ObjectMeta, PodSpec...), each once; the kinds themselves win.
     for (name, schema) in generator.take_definitions(true) {
         schemas.entry(name).or_insert(schema);
     }
+    schemas
+}
+
+/// `/openapi/v3/<gv>`: each resource's paths with their group-version-kind and the
+/// `fieldValidation` parameter on writes, and the resources' schemas (from k8s-openapi, with
+/// their descriptions) under components.
+pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
+    let in_gv = |r: &Resource| openapi_gv_path(r.group, r.version) == gv_path;
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES.iter().filter(|r| in_gv(r)) {
+        paths.extend(resource_paths(r, gv_path, false));
+    }
+    if paths.is_empty() {
+        return None;
+    }
     Some(json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": GIT_VERSION},
         "paths": paths,
-        "components": {"schemas": schemas},
+        "components": {"schemas": kind_schemas("/components/schemas", in_gv)},
     }))
+}
+
+/// `/openapi/v2`: every resource's paths and schemas in one Swagger 2.0 document.
+pub fn openapi_v2() -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES {
+        paths.extend(resource_paths(r, &openapi_gv_path(r.group, r.version), true));
+    }
+    json!({
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": GIT_VERSION},
+        "paths": paths,
+        "definitions": kind_schemas("/definitions", |_| true),
+    })
 }
 
 /// Answers a discovery document, in aggregated form when the client asked for it.

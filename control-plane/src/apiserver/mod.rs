@@ -22,6 +22,7 @@ pub mod kubeconfig;
 mod meta;
 pub mod metrics;
 mod negotiate;
+mod openapi_v2;
 mod output;
 mod protobuf;
 pub mod registry;
