@@ -1,0 +1,169 @@
+//! What real manifests and kubectl's troubleshooting commands expect of the API machinery,
+//! with the real kubectl (1.33, picked by the dispatcher from /version) against a real
+//! `control-plane apiserver` process: server-side apply with managed fields and conflicts,
+//! OpenAPI v2, and the places where the server must answer exactly as Kubernetes does.
+
+use serde_json::Value;
+use skiff_tests::apiserver::ApiServerProcess;
+use skiff_tests::kubectl::Kubectl;
+
+struct Fixture {
+    server: ApiServerProcess,
+    k: Kubectl,
+    dir: tempfile::TempDir,
+}
+
+fn start() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServerProcess::start(
+        env!("CARGO_BIN_EXE_control-plane").as_ref(),
+        &dir.path().join("data"),
+        &[],
+    );
+    let k = Kubectl::new(&server.kubeconfig(), dir.path());
+    Fixture { server, k, dir }
+}
+
+impl Fixture {
+    fn file(&self, name: &str, content: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    fn get_json(&self, args: &[&str]) -> Value {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["-o", "json", "--show-managed-fields"]);
+        let out = self.k.ok(&a);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+    }
+}
+
+fn manager<'v>(obj: &'v Value, name: &str) -> Option<&'v Value> {
+    obj["metadata"]["managedFields"]
+        .as_array()?
+        .iter()
+        .find(|e| e["manager"] == name)
+}
+
+const DEPLOYMENT: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: nginx
+        image: nginx:1.27
+";
+
+#[test]
+fn server_side_apply_conflicts_force_and_managed_fields() {
+    let f = start();
+    f.k.ok(&["create", "deployment", "web", "--image=nginx:1.27", "--replicas=2"]);
+    let d = f.get_json(&["deploy", "web"]);
+    let created = manager(&d, "kubectl-create").expect("kubectl create's entry");
+    assert_eq!(created["operation"], "Update");
+    assert_eq!(created["apiVersion"], "apps/v1");
+    assert!(created["fieldsV1"]["f:spec"]["f:replicas"].is_object());
+
+    // Another manager changing replicas: 409, printed as Kubernetes prints it.
+    let p = f.file("web.yaml", DEPLOYMENT);
+    let r = f.k.run(&["apply", "--server-side", "-f", &p]);
+    assert!(!r.success, "{r:?}");
+    assert!(
+        r.stderr.contains(
+            "Apply failed with 1 conflict: conflict with \"kubectl-create\" using apps/v1: .spec.replicas"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("--force-conflicts"), "{}", r.stderr);
+    assert_eq!(f.get_json(&["deploy", "web"])["spec"]["replicas"], 2, "nothing written");
+
+    // Forced: kubectl (Apply) owns replicas now, kubectl-create no longer does.
+    let out = f.k.ok(&["apply", "--server-side", "--force-conflicts", "-f", &p]);
+    assert!(out.contains("serverside-applied"), "{out}");
+    let d = f.get_json(&["deploy", "web"]);
+    assert_eq!(d["spec"]["replicas"], 3);
+    let applied = manager(&d, "kubectl").expect("kubectl's Apply entry");
+    assert_eq!(applied["operation"], "Apply");
+    assert!(applied["fieldsV1"]["f:spec"]["f:replicas"].is_object());
+    let created = manager(&d, "kubectl-create").unwrap();
+    assert!(created["fieldsV1"]["f:spec"].get("f:replicas").is_none());
+
+    // kubectl hides managedFields unless asked.
+    let plain = f.k.ok(&["get", "deploy", "web", "-o", "yaml"]);
+    assert!(!plain.contains("managedFields"), "{plain}");
+    let shown = f.k.ok(&["get", "deploy", "web", "-o", "yaml", "--show-managed-fields"]);
+    assert!(shown.contains("managedFields:") && shown.contains("operation: Apply"), "{shown}");
+
+    // A label the applier adds, then drops, goes away; replicas it stops applying too.
+    let labelled = DEPLOYMENT.replace("  name: web\n", "  name: web\n  labels: {team: a}\n");
+    f.k.ok(&["apply", "--server-side", "-f", &f.file("web.yaml", &labelled)]);
+    assert_eq!(f.get_json(&["deploy", "web"])["metadata"]["labels"]["team"], "a");
+    let without = DEPLOYMENT.replace("  replicas: 3\n", "");
+    f.k.ok(&["apply", "--server-side", "-f", &f.file("web.yaml", &without)]);
+    let d = f.get_json(&["deploy", "web"]);
+    assert!(d["metadata"].get("labels").is_none_or(|l| l.get("team").is_none()), "{d}");
+    assert_eq!(d["spec"]["replicas"], 1, "dropped, then defaulted as Kubernetes does");
+
+    // kubectl scale takes replicas over as an update through the scale subresource.
+    f.k.ok(&["scale", "deploy", "web", "--replicas=4"]);
+    let d = f.get_json(&["deploy", "web"]);
+    let scale = d["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["subresource"] == "scale")
+        .expect("an entry for the scale subresource");
+    assert_eq!(scale["fieldsV1"], serde_json::json!({"f:spec": {"f:replicas": {}}}));
+    drop(f.server);
+}
+
+#[test]
+fn an_unknown_kind_is_no_match_and_openapi_v2_answers() {
+    let f = start();
+    let p = f.file(
+        "widget.yaml",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\nspec: {}\n",
+    );
+    let r = f.k.run(&["apply", "-f", &p]);
+    assert!(!r.success);
+    assert!(
+        r.stderr
+            .contains("no matches for kind \"Widget\" in version \"example.com/v1\""),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("ensure CRDs are installed first"), "{}", r.stderr);
+    let v2: Value = serde_json::from_str(&f.k.ok(&["get", "--raw", "/openapi/v2"])).unwrap();
+    assert_eq!(v2["swagger"], "2.0");
+    assert!(v2["definitions"]["io.k8s.api.apps.v1.Deployment"].is_object());
+}
+
+#[test]
+fn diff_of_an_unchanged_object_shows_nothing_and_configmaps_have_no_generation() {
+    let f = start();
+    f.k.ok(&["create", "configmap", "c", "--from-literal=a=1"]);
+    let live = f.k.ok(&["get", "configmap", "c", "-o", "yaml"]);
+    assert!(!live.contains("generation"), "{live}");
+    // kubectl diff sends `annotations: {}` for an object without last-applied state:
+    // Kubernetes stores no empty map, so the diff is empty (exit 0).
+    let p = f.file("c.yaml", &live);
+    let r = f.k.run(&["diff", "-f", &p]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    // A data change is no generation either; a Deployment's spec change is.
+    f.k.ok(&["patch", "configmap", "c", "-p", r#"{"data":{"a":"2"}}"#]);
+    assert!(f.get_json(&["configmap", "c"])["metadata"].get("generation").is_none());
+    f.k.ok(&["create", "deployment", "d", "--image=nginx"]);
+    f.k.ok(&["set", "image", "deployment/d", "nginx=nginx:2"]);
+    assert_eq!(f.get_json(&["deploy", "d"])["metadata"]["generation"], 2);
+}
