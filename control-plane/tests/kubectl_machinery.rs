@@ -67,7 +67,13 @@ spec:
 #[test]
 fn server_side_apply_conflicts_force_and_managed_fields() {
     let f = start();
-    f.k.ok(&["create", "deployment", "web", "--image=nginx:1.27", "--replicas=2"]);
+    f.k.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx:1.27",
+        "--replicas=2",
+    ]);
     let d = f.get_json(&["deploy", "web"]);
     let created = manager(&d, "kubectl-create").expect("kubectl create's entry");
     assert_eq!(created["operation"], "Update");
@@ -86,10 +92,15 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
         r.stderr
     );
     assert!(r.stderr.contains("--force-conflicts"), "{}", r.stderr);
-    assert_eq!(f.get_json(&["deploy", "web"])["spec"]["replicas"], 2, "nothing written");
+    assert_eq!(
+        f.get_json(&["deploy", "web"])["spec"]["replicas"],
+        2,
+        "nothing written"
+    );
 
     // Forced: kubectl (Apply) owns replicas now, kubectl-create no longer does.
-    let out = f.k.ok(&["apply", "--server-side", "--force-conflicts", "-f", &p]);
+    let out =
+        f.k.ok(&["apply", "--server-side", "--force-conflicts", "-f", &p]);
     assert!(out.contains("serverside-applied"), "{out}");
     let d = f.get_json(&["deploy", "web"]);
     assert_eq!(d["spec"]["replicas"], 3);
@@ -102,18 +113,49 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
     // kubectl hides managedFields unless asked.
     let plain = f.k.ok(&["get", "deploy", "web", "-o", "yaml"]);
     assert!(!plain.contains("managedFields"), "{plain}");
-    let shown = f.k.ok(&["get", "deploy", "web", "-o", "yaml", "--show-managed-fields"]);
-    assert!(shown.contains("managedFields:") && shown.contains("operation: Apply"), "{shown}");
+    let shown = f.k.ok(&[
+        "get",
+        "deploy",
+        "web",
+        "-o",
+        "yaml",
+        "--show-managed-fields",
+    ]);
+    assert!(
+        shown.contains("managedFields:") && shown.contains("operation: Apply"),
+        "{shown}"
+    );
 
     // A label the applier adds, then drops, goes away; replicas it stops applying too.
     let labelled = DEPLOYMENT.replace("  name: web\n", "  name: web\n  labels: {team: a}\n");
-    f.k.ok(&["apply", "--server-side", "-f", &f.file("web.yaml", &labelled)]);
-    assert_eq!(f.get_json(&["deploy", "web"])["metadata"]["labels"]["team"], "a");
+    f.k.ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &f.file("web.yaml", &labelled),
+    ]);
+    assert_eq!(
+        f.get_json(&["deploy", "web"])["metadata"]["labels"]["team"],
+        "a"
+    );
     let without = DEPLOYMENT.replace("  replicas: 3\n", "");
-    f.k.ok(&["apply", "--server-side", "-f", &f.file("web.yaml", &without)]);
+    f.k.ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &f.file("web.yaml", &without),
+    ]);
     let d = f.get_json(&["deploy", "web"]);
-    assert!(d["metadata"].get("labels").is_none_or(|l| l.get("team").is_none()), "{d}");
-    assert_eq!(d["spec"]["replicas"], 1, "dropped, then defaulted as Kubernetes does");
+    assert!(
+        d["metadata"]
+            .get("labels")
+            .is_none_or(|l| l.get("team").is_none()),
+        "{d}"
+    );
+    assert_eq!(
+        d["spec"]["replicas"], 1,
+        "dropped, then defaulted as Kubernetes does"
+    );
 
     // kubectl scale takes replicas over as an update through the scale subresource.
     f.k.ok(&["scale", "deploy", "web", "--replicas=4"]);
@@ -124,7 +166,10 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
         .iter()
         .find(|e| e["subresource"] == "scale")
         .expect("an entry for the scale subresource");
-    assert_eq!(scale["fieldsV1"], serde_json::json!({"f:spec": {"f:replicas": {}}}));
+    assert_eq!(
+        scale["fieldsV1"],
+        serde_json::json!({"f:spec": {"f:replicas": {}}})
+    );
     drop(f.server);
 }
 
@@ -143,7 +188,11 @@ fn an_unknown_kind_is_no_match_and_openapi_v2_answers() {
         "{}",
         r.stderr
     );
-    assert!(r.stderr.contains("ensure CRDs are installed first"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("ensure CRDs are installed first"),
+        "{}",
+        r.stderr
+    );
     let v2: Value = serde_json::from_str(&f.k.ok(&["get", "--raw", "/openapi/v2"])).unwrap();
     assert_eq!(v2["swagger"], "2.0");
     assert!(v2["definitions"]["io.k8s.api.apps.v1.Deployment"].is_object());
@@ -162,8 +211,97 @@ fn diff_of_an_unchanged_object_shows_nothing_and_configmaps_have_no_generation()
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
     // A data change is no generation either; a Deployment's spec change is.
     f.k.ok(&["patch", "configmap", "c", "-p", r#"{"data":{"a":"2"}}"#]);
-    assert!(f.get_json(&["configmap", "c"])["metadata"].get("generation").is_none());
+    assert!(f.get_json(&["configmap", "c"])["metadata"]
+        .get("generation")
+        .is_none());
     f.k.ok(&["create", "deployment", "d", "--image=nginx"]);
     f.k.ok(&["set", "image", "deployment/d", "nginx=nginx:2"]);
     assert_eq!(f.get_json(&["deploy", "d"])["metadata"]["generation"], 2);
+}
+
+#[test]
+fn services_ip_families_dry_run_allocations_and_undecodable_bodies() {
+    let f = start();
+    // An IPv6 Service on this IPv4-only cluster is refused, as Kubernetes refuses it.
+    let svc = "apiVersion: v1\nkind: Service\nmetadata:\n  name: s\nspec:\n  ipFamilies: [IPv6]\n  ports:\n  - port: 80\n";
+    let r = f.k.run(&["create", "-f", &f.file("s.yaml", svc)]);
+    assert!(!r.success);
+    assert!(
+        r.stderr.contains(
+            "The Service \"s\" is invalid: spec.ipFamilies[0]: Invalid value: \"IPv6\": not configured on this cluster"
+        ),
+        "{}",
+        r.stderr
+    );
+    let dual = svc.replace("ipFamilies: [IPv6]", "ipFamilyPolicy: RequireDualStack");
+    let r = f.k.run(&["create", "-f", &f.file("s.yaml", &dual)]);
+    assert!(
+        r.stderr
+            .contains("this cluster is not configured for dual-stack services"),
+        "{}",
+        r.stderr
+    );
+    let single = svc.replace(
+        "ipFamilies: [IPv6]",
+        "ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: SingleStack",
+    );
+    let r = f.k.run(&["create", "-f", &f.file("s.yaml", &single)]);
+    assert!(
+        r.stderr.contains("must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified"),
+        "{}",
+        r.stderr
+    );
+
+    // A server-side dry run shows the cluster IP and node port it would allocate, keeps none.
+    let out = f.k.ok(&[
+        "create",
+        "service",
+        "nodeport",
+        "np",
+        "--tcp=80",
+        "--dry-run=server",
+        "-o",
+        "json",
+    ]);
+    let dry: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        dry["spec"]["clusterIP"]
+            .as_str()
+            .is_some_and(|ip| ip.starts_with("10.")),
+        "{dry}"
+    );
+    assert!(
+        dry["spec"]["ports"][0]["nodePort"].as_u64().is_some(),
+        "{dry}"
+    );
+    f.k.fails(&["get", "service", "np"]);
+
+    // A body that does not decode is 400 BadRequest naming the field, not 422.
+    let secret =
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bad\ndata:\n  key: not-base64!\n";
+    let r = f.k.run(&["create", "-f", &f.file("secret.yaml", secret)]);
+    assert!(
+        r.stderr.contains("Error from server (BadRequest)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains("Secret in version \"v1\" cannot be handled as a Secret: data.key:"),
+        "{}",
+        r.stderr
+    );
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: bad\ndata: [a, b]\n";
+    let r =
+        f.k.run(&["create", "-f", &f.file("cm.yaml", cm), "--validate=false"]);
+    assert!(
+        r.stderr.contains("Error from server (BadRequest)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("data: invalid type: sequence"),
+        "{}",
+        r.stderr
+    );
 }

@@ -318,7 +318,11 @@ pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
 pub fn openapi_v2() -> Value {
     let mut paths = serde_json::Map::new();
     for r in RESOURCES {
-        paths.extend(resource_paths(r, &openapi_gv_path(r.group, r.version), true));
+        paths.extend(resource_paths(
+            r,
+            &openapi_gv_path(r.group, r.version),
+            true,
+        ));
     }
     json!({
         "swagger": "2.0",

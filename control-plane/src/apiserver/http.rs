@@ -183,7 +183,10 @@ async fn route(
     auth.check(&req, peer)?;
     if req.method() == Method::GET {
         if path == "/openapi/v2" || path == "/openapi/v2/" {
-            let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok());
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
             return Ok(super::openapi_v2::answer(accept));
         }
         if path == "/openapi/v3" || path == "/openapi/v3/" {

@@ -130,7 +130,13 @@ fn encode_document(doc: &Value) -> Vec<u8> {
 
 fn path_item(item: &Value) -> Msg {
     let mut m = Msg::default();
-    for (verb, field) in [("get", 2), ("put", 3), ("post", 4), ("delete", 5), ("patch", 8)] {
+    for (verb, field) in [
+        ("get", 2),
+        ("put", 3),
+        ("post", 4),
+        ("delete", 5),
+        ("patch", 8),
+    ] {
         if let Some(op) = item.get(verb) {
             m.message(field, operation(op));
         }
@@ -201,16 +207,31 @@ fn encode_schema(s: &Value) -> Msg {
     if let Some(x) = o.get("minimum").and_then(Value::as_f64) {
         m.double(9, x);
     }
-    for (key, field) in [("maxLength", 11), ("minLength", 12), ("maxItems", 14), ("minItems", 15)] {
+    for (key, field) in [
+        ("maxLength", 11),
+        ("minLength", 12),
+        ("maxItems", 14),
+        ("minItems", 15),
+    ] {
         if let Some(x) = o.get(key).and_then(Value::as_i64) {
             m.varint(field, x);
         }
     }
     m.string(13, str_of(s, "pattern"));
-    for r in o.get("required").and_then(Value::as_array).into_iter().flatten() {
+    for r in o
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         m.string(19, r.as_str().unwrap_or(""));
     }
-    for e in o.get("enum").and_then(Value::as_array).into_iter().flatten() {
+    for e in o
+        .get("enum")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         m.message(20, any(e));
     }
     match o.get("additionalProperties") {
@@ -229,7 +250,11 @@ fn encode_schema(s: &Value) -> Msg {
     }
     let types: Vec<&str> = match o.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
-        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).filter(|t| *t != "null").collect(),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|t| *t != "null")
+            .collect(),
         _ => vec![],
     };
     if !types.is_empty() {
@@ -259,7 +284,10 @@ fn encode_schema(s: &Value) -> Msg {
         }
         m.message(25, p);
     }
-    m.boolean(27, o.get("readOnly").and_then(Value::as_bool).unwrap_or(false));
+    m.boolean(
+        27,
+        o.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
+    );
     vendor_extensions(&mut m, 31, o);
     m
 }

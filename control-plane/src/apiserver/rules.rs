@@ -110,6 +110,11 @@ pub fn selection(
     Ok(Selection { filter, index })
 }
 
+/// Why a body does not decode into the kind (a 400 naming the field), if it does not.
+pub fn decode_error(r: &Resource, obj: &Value) -> Option<String> {
+    strict::decode_error(r.group, r.kind, r.version, obj)
+}
+
 /// Paths of fields the kind does not define (`fieldValidation=Strict`).
 pub fn unknown_fields(r: &Resource, obj: &Value) -> Vec<String> {
     strict::unknown_fields(r.group, r.kind, obj)

@@ -1,8 +1,10 @@
-//! `fieldValidation=Strict`: the fields of a request body that the kind's typed object does
-//! not know. The body is decoded into the k8s-openapi struct (whose deserialisers skip unknown
-//! keys), encoded back, and the two key trees compared: a key that did not survive the round
-//! trip is unknown. Maps with free-form keys (labels, annotations, data, selector) survive
-//! whole, so only struct fields can be reported.
+//! Decoding a body into the kind's typed object, as Kubernetes does before anything else:
+//! a body that does not decode is a 400 naming the field at fault ([`decode_error`]); with
+//! `fieldValidation=Strict`, the fields the typed object does not know are reported too. The
+//! body is decoded into the k8s-openapi struct (whose deserialisers skip unknown keys),
+//! encoded back, and the two key trees compared: a key that did not survive the round trip
+//! is unknown. Maps with free-form keys (labels, annotations, data, selector) survive whole,
+//! so only struct fields can be reported.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -14,7 +16,7 @@ use k8s_openapi::api::{apps, autoscaling, coordination, core, discovery, events}
 /// (`spec.template.spec.containers[0].imagee`), in document order. Empty when the kind is
 /// not served here or the body does not decode at all (the decoder's own error then applies).
 pub fn unknown_fields(group: &str, kind: &str, v: &Value) -> Vec<String> {
-    let Some(known) = round_trip(group, kind, v) else {
+    let Some(Ok(known)) = round_trip(group, kind, v) else {
         return vec![];
     };
     let mut unknown = vec![];
@@ -31,13 +33,32 @@ pub fn strict_error_message(unknown: &[String]) -> String {
     format!("strict decoding error: {}", fields.join(", "))
 }
 
-fn typed<T: DeserializeOwned + Serialize>(v: &Value) -> Option<Value> {
-    let t: T = serde_json::from_value(v.clone()).ok()?;
-    serde_json::to_value(t).ok()
+/// Why a body does not decode into its kind: Kubernetes' message, which names the field
+/// (`Secret in version "v1" cannot be handled as a Secret: data.key: Invalid value ...`).
+/// None when it decodes (or the kind is not served here).
+pub fn decode_error(group: &str, kind: &str, version: &str, v: &Value) -> Option<String> {
+    let Some(Err((path, why))) = round_trip(group, kind, v) else {
+        return None;
+    };
+    let at = if path.is_empty() || path == "." {
+        String::new()
+    } else {
+        format!("{path}: ")
+    };
+    Some(format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: {at}{why}"
+    ))
 }
 
-fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Value> {
-    match (group, kind) {
+/// The body decoded into `T` and encoded back, or where and why it does not decode.
+fn typed<T: DeserializeOwned + Serialize>(v: &Value) -> Result<Value, (String, String)> {
+    let t: T = serde_path_to_error::deserialize(v)
+        .map_err(|e| (e.path().to_string(), e.inner().to_string()))?;
+    serde_json::to_value(t).map_err(|e| (String::new(), e.to_string()))
+}
+
+fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Result<Value, (String, String)>> {
+    Some(match (group, kind) {
         ("", "Namespace") => typed::<core::v1::Namespace>(v),
         ("", "Pod") => typed::<core::v1::Pod>(v),
         ("", "Service") => typed::<core::v1::Service>(v),
@@ -55,8 +76,8 @@ fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Value> {
         ("coordination.k8s.io", "Lease") => typed::<coordination::v1::Lease>(v),
         ("events.k8s.io", "Event") => typed::<events::v1::Event>(v),
         ("autoscaling", "Scale") => typed::<autoscaling::v1::Scale>(v),
-        _ => None,
-    }
+        _ => return None,
+    })
 }
 
 fn diff(input: &Value, known: &Value, path: &mut String, out: &mut Vec<String>) {
@@ -146,6 +167,23 @@ mod tests {
         d["spec"]["replicas"] = json!("three");
         assert!(unknown_fields("apps", "Deployment", &d).is_empty());
         assert!(unknown_fields("example.com", "Widget", &json!({"x": 1})).is_empty());
+    }
+
+    #[test]
+    fn undecodable_bodies_name_the_field() {
+        let mut d = deployment();
+        d["metadata"]["labels"] = json!(["a"]);
+        let e = decode_error("apps", "Deployment", "v1", &d).unwrap();
+        assert!(
+            e.starts_with("Deployment in version \"v1\" cannot be handled as a Deployment: metadata.labels: invalid type: sequence"),
+            "{e}"
+        );
+        let secret = json!({"metadata": {"name": "s"}, "data": {"key": "not base64!"}});
+        let e = decode_error("", "Secret", "v1", &secret).unwrap();
+        assert!(e.contains("data.key: "), "{e}");
+        d["metadata"]["labels"] = json!({"a": "b"});
+        assert_eq!(decode_error("apps", "Deployment", "v1", &d), None);
+        assert_eq!(decode_error("example.com", "Widget", "v1", &d), None);
     }
 
     #[test]

@@ -14,6 +14,11 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// The IP family of the range, as a Service's `ipFamilies` names it.
+    pub fn family(&self) -> &'static str {
+        "IPv4"
+    }
+
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         self.offset(ip).is_some()
     }
@@ -125,18 +130,22 @@ impl IpAllocator {
         Ok(())
     }
 
-    /// Any free address.
-    pub fn allocate_next(&mut self) -> Result<Ipv4Addr, IpError> {
+    /// A free address, left free (what a dry run shows).
+    pub fn next_free(&self) -> Result<Ipv4Addr, IpError> {
         let size = self.cidr.size() as usize;
         let start = rand::random_range(0..size);
-        for i in 0..size {
-            let off = (start + i) % size;
-            if !self.is_set(off) {
-                self.set(off);
-                return Ok(Ipv4Addr::from(self.cidr.base + off as u32));
-            }
-        }
-        Err(IpError::Full)
+        (0..size)
+            .map(|i| (start + i) % size)
+            .find(|off| !self.is_set(*off))
+            .map(|off| Ipv4Addr::from(self.cidr.base + off as u32))
+            .ok_or(IpError::Full)
+    }
+
+    /// Any free address.
+    pub fn allocate_next(&mut self) -> Result<Ipv4Addr, IpError> {
+        let ip = self.next_free()?;
+        self.allocate(ip)?;
+        Ok(ip)
     }
 
     pub fn release(&mut self, ip: Ipv4Addr) {

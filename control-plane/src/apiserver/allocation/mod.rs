@@ -183,6 +183,9 @@ impl Allocator {
             .unwrap_or("")
             .to_string();
         let external_name = svc_type(svc) == "ExternalName";
+        if !external_name {
+            self.check_families(svc, &name)?;
+        }
         if external_name || requested == "None" {
             a.freed_ips.extend(old_ips);
             return Ok(());
@@ -192,13 +195,18 @@ impl Allocator {
                 set_ip(svc, &ip.to_string());
                 return Ok(());
             }
+            let next = if dry_run {
+                // What a real write would get, kept by nobody (Kubernetes' dry-run allocator).
+                self.ips().next_free()
+            } else {
+                self.ips().allocate_next()
+            };
+            let ip = next
+                .map_err(|e| ApiError::internal(format!("failed to allocate a serviceIP: {e}")))?;
             if dry_run {
+                set_ip(svc, &ip.to_string());
                 return Ok(());
             }
-            let ip = self
-                .ips()
-                .allocate_next()
-                .map_err(|e| ApiError::internal(format!("failed to allocate a serviceIP: {e}")))?;
             a.taken_ips.push(ip);
             set_ip(svc, &ip.to_string());
             return Ok(());
@@ -225,6 +233,36 @@ impl Allocator {
         Ok(())
     }
 
+    /// The Service's IP families must be ones the service CIDRs provide (Kubernetes checks
+    /// them against its configured allocators), and dual stack needs two of them.
+    fn check_families(&self, svc: &Value, name: &str) -> Result<(), ApiError> {
+        let configured = [self.ips().cidr().family()];
+        let mut errors = Vec::new();
+        let families = svc.pointer("/spec/ipFamilies").and_then(Value::as_array);
+        for (i, f) in families.into_iter().flatten().enumerate() {
+            let f = f.as_str().unwrap_or("");
+            if !configured.contains(&f) {
+                errors.push(FieldError::invalid(
+                    format!("spec.ipFamilies[{i}]"),
+                    f,
+                    "not configured on this cluster",
+                ));
+            }
+        }
+        let policy = svc.pointer("/spec/ipFamilyPolicy").and_then(Value::as_str);
+        if policy == Some("RequireDualStack") && configured.len() < 2 {
+            errors.push(FieldError::invalid(
+                "spec.ipFamilyPolicy",
+                "RequireDualStack",
+                "this cluster is not configured for dual-stack services",
+            ));
+        }
+        match errors.is_empty() {
+            true => Ok(()),
+            false => Err(ApiError::invalid("", "Service", name, errors)),
+        }
+    }
+
     fn assign_ports(
         &self,
         svc: &mut Value,
@@ -241,6 +279,11 @@ impl Allocator {
         let old_list = old.map(ports).unwrap_or_default();
         let mut list = ports(svc);
         let mut kept = Vec::new();
+        let mut dry_ports: Vec<u16> = list
+            .iter()
+            .filter_map(|p| p.get("nodePort")?.as_u64())
+            .filter_map(|p| u16::try_from(p).ok())
+            .collect();
         for (i, p) in list.iter_mut().enumerate() {
             let requested = p.get("nodePort").and_then(Value::as_u64).unwrap_or(0);
             if requested == 0 {
@@ -256,6 +299,12 @@ impl Allocator {
                     continue;
                 }
                 if dry_run {
+                    // Shown, not kept; distinct from the ports this request already names.
+                    let np = self.ports().next_free(&dry_ports).map_err(|e| {
+                        ApiError::internal(format!("failed to allocate a nodePort: {e}"))
+                    })?;
+                    dry_ports.push(np);
+                    p["nodePort"] = json!(np);
                     continue;
                 }
                 let np = self.ports().allocate_next().map_err(|e| {
@@ -395,5 +444,65 @@ mod tests {
         let mut headless = svc("ClusterIP", "None", 0);
         a.commit(a.allocate_create(r, &mut headless, false).unwrap());
         assert_eq!(headless["spec"]["clusterIP"], "None");
+    }
+
+    #[test]
+    fn dry_runs_show_allocations_without_keeping_them() {
+        let a = Allocator::new("10.96.0.0/29".parse().unwrap(), 30000..=30003);
+        let r = find("", "v1", "services").unwrap();
+        let mut s = svc("NodePort", "", 0);
+        s["spec"]["ports"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"port": 81, "protocol": "TCP"}));
+        a.commit(a.allocate_create(r, &mut s, true).unwrap());
+        let ip = s["spec"]["clusterIP"].as_str().unwrap();
+        assert!(ip.starts_with("10.96.0."), "{s}");
+        let (p0, p1) = (
+            &s["spec"]["ports"][0]["nodePort"],
+            &s["spec"]["ports"][1]["nodePort"],
+        );
+        assert!(
+            p0.as_u64().is_some_and(|p| (30000..=30003).contains(&p)),
+            "{s}"
+        );
+        assert_ne!(p0, p1, "two ports of one dry run differ");
+        assert_eq!(a.ips().allocated(), 0, "nothing kept");
+        // All four ports are still free for real writes.
+        for _ in 0..2 {
+            let mut s = svc("NodePort", "", 0);
+            s["spec"]["ports"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"port": 81, "protocol": "TCP"}));
+            a.commit(a.allocate_create(r, &mut s, false).unwrap());
+        }
+    }
+
+    #[test]
+    fn ip_families_must_be_configured() {
+        let a = allocator();
+        let r = find("", "v1", "services").unwrap();
+        let mut s = svc("ClusterIP", "", 0);
+        s["spec"]["ipFamilies"] = json!(["IPv6"]);
+        let e = a.allocate_create(r, &mut s, false).unwrap_err();
+        assert_eq!(e.code, 422);
+        assert_eq!(
+            e.message,
+            "Service \"s\" is invalid: spec.ipFamilies[0]: Invalid value: \"IPv6\": not configured on this cluster"
+        );
+        let mut s = svc("ClusterIP", "", 0);
+        s["spec"]["ipFamilyPolicy"] = json!("RequireDualStack");
+        let e = a.allocate_create(r, &mut s, false).unwrap_err();
+        assert!(
+            e.message
+                .contains("this cluster is not configured for dual-stack services"),
+            "{}",
+            e.message
+        );
+        let mut s = svc("ClusterIP", "", 0);
+        s["spec"]["ipFamilies"] = json!(["IPv4"]);
+        s["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
+        a.commit(a.allocate_create(r, &mut s, false).unwrap());
     }
 }

@@ -50,17 +50,22 @@ impl PortAllocator {
         Ok(())
     }
 
-    pub fn allocate_next(&mut self) -> Result<u16, PortError> {
+    /// A free port other than `except`, left free (what a dry run shows).
+    pub fn next_free(&self, except: &[u16]) -> Result<u16, PortError> {
         let n = self.used.len();
         let start = rand::random_range(0..n);
-        for i in 0..n {
-            let s = (start + i) % n;
-            if !self.used[s] {
-                self.used[s] = true;
-                return Ok(self.range.start() + s as u16);
-            }
-        }
-        Err(PortError::Full)
+        (0..n)
+            .map(|i| (start + i) % n)
+            .map(|s| (s, self.range.start() + s as u16))
+            .find(|(s, port)| !self.used[*s] && !except.contains(port))
+            .map(|(_, port)| port)
+            .ok_or(PortError::Full)
+    }
+
+    pub fn allocate_next(&mut self) -> Result<u16, PortError> {
+        let port = self.next_free(&[])?;
+        self.allocate(port)?;
+        Ok(port)
     }
 
     pub fn release(&mut self, port: u16) {

@@ -84,6 +84,9 @@ fn decode_body(call: &Call<'_>, opts: &WriteOptions) -> Result<Value, ApiError> 
     let format = BodyFormat::of(call.header(header::CONTENT_TYPE))?;
     let mut obj = negotiate::decode_object(format, &call.body)?;
     check_kind(call.resource, &mut obj)?;
+    if let Some(why) = rules::decode_error(call.resource, &obj) {
+        return Err(ApiError::bad_request(why));
+    }
     strict(call.resource, &obj, opts)?;
     Ok(obj)
 }

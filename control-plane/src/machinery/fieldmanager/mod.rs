@@ -207,13 +207,20 @@ impl Managers {
             return None;
         }
         self.0.sort_by(|a, b| {
-            (a.operation, &a.time, &a.manager, &a.api_version, &a.subresource).cmp(&(
-                b.operation,
-                &b.time,
-                &b.manager,
-                &b.api_version,
-                &b.subresource,
-            ))
+            (
+                a.operation,
+                &a.time,
+                &a.manager,
+                &a.api_version,
+                &a.subresource,
+            )
+                .cmp(&(
+                    b.operation,
+                    &b.time,
+                    &b.manager,
+                    &b.api_version,
+                    &b.subresource,
+                ))
         });
         Some(Value::Array(self.0.iter().map(Entry::to_value).collect()))
     }
@@ -247,7 +254,10 @@ impl Managers {
             };
             match self.position(&bucket) {
                 Some(i) => self.0[i].set = self.0[i].set.union(&e.set),
-                None => self.0.push(Entry { set: e.set, ..bucket }),
+                None => self.0.push(Entry {
+                    set: e.set,
+                    ..bucket
+                }),
             }
         }
     }
@@ -453,7 +463,10 @@ impl From<ApplyError> for ApiError {
 /// Kubernetes' conflict message: one conflict on one line, several grouped by manager.
 fn conflict_message(conflicts: &[Conflict]) -> String {
     if let [c] = conflicts {
-        return format!("Apply failed with 1 conflict: conflict with {}: {}", c.manager, c.path);
+        return format!(
+            "Apply failed with 1 conflict: conflict with {}: {}",
+            c.manager, c.path
+        );
     }
     let mut lines = Vec::new();
     let mut managers: Vec<&String> = conflicts.iter().map(|c| &c.manager).collect();
@@ -484,7 +497,10 @@ pub fn apply(
     w: &Writer<'_>,
     force: bool,
 ) -> Result<Value, ApplyError> {
-    if config.pointer("/metadata/managedFields").is_some_and(|v| !v.is_null()) {
+    if config
+        .pointer("/metadata/managedFields")
+        .is_some_and(|v| !v.is_null())
+    {
         return Err(ApplyError::Invalid(format!(
             "metadata.managedFields must be nil but was {}",
             config["metadata"]["managedFields"]

@@ -215,7 +215,7 @@ mod tests {
 
     #[test]
     fn fields_sort_before_keys_values_and_indexes() {
-        let mut v = vec![
+        let mut v = [
             PathElement::Index(0),
             PathElement::Value(json!(1)),
             PathElement::Key(vec![("a".into(), json!(1))]),

@@ -46,7 +46,10 @@ pub enum Type {
         /// Declared fields the schema requires (Go fields without `omitempty`).
         required: Vec<String>,
     },
-    List { elem: Box<Type>, kind: ListKind },
+    List {
+        elem: Box<Type>,
+        kind: ListKind,
+    },
 }
 
 impl Type {
@@ -107,9 +110,12 @@ const ATOMIC_MAPS: &[(&str, &str)] = &[
     ("io.k8s.api.core.v1.ServiceSpec", "selector"),
 ];
 
+/// A list-map key field and its default.
+type KeyDefault = (&'static str, Option<&'static str>);
+
 /// Associative lists whose `x-kubernetes-list-map-keys` name more keys than the patch merge
 /// key: (owning definition, field) -> the keys, with their defaults.
-const LIST_MAP_KEYS: &[(&str, &str, &[(&str, Option<&str>)])] = &[
+const LIST_MAP_KEYS: &[(&str, &str, &[KeyDefault])] = &[
     (
         "io.k8s.api.core.v1.Container",
         "ports",
@@ -222,7 +228,12 @@ impl Compiler<'_> {
         let required = s
             .get("required")
             .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|r| {
+                r.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         Type::Map {
             fields,
@@ -322,7 +333,10 @@ mod tests {
             } => assert_eq!(keys[0].name, "name"),
             other => panic!("{other:?}"),
         }
-        match at(&t, &["spec", "template", "spec", "containers", "[]", "ports"]) {
+        match at(
+            &t,
+            &["spec", "template", "spec", "containers", "[]", "ports"],
+        ) {
             Type::List {
                 kind: ListKind::Map(keys),
                 ..
@@ -347,17 +361,37 @@ mod tests {
         ));
         assert_eq!(*at(&t, &["spec", "replicas"]), Type::Scalar);
         assert_eq!(
-            *at(&t, &["spec", "template", "spec", "containers", "[]", "resources", "limits", "cpu"]),
+            *at(
+                &t,
+                &[
+                    "spec",
+                    "template",
+                    "spec",
+                    "containers",
+                    "[]",
+                    "resources",
+                    "limits",
+                    "cpu"
+                ]
+            ),
             Type::Scalar
         );
     }
 
     #[test]
     fn service_and_configmap_shapes() {
-        let t = compile(&GroupKind::new("", "Service"), core::v1::Service::json_schema);
+        let t = compile(
+            &GroupKind::new("", "Service"),
+            core::v1::Service::json_schema,
+        );
         assert!(at(&t, &["spec", "selector"]).is_atomic());
-        assert!(matches!(at(&t, &["spec", "ports"]), Type::List { kind: ListKind::Map(k), .. } if k[0].name == "port"));
-        let t = compile(&GroupKind::new("", "ConfigMap"), core::v1::ConfigMap::json_schema);
+        assert!(
+            matches!(at(&t, &["spec", "ports"]), Type::List { kind: ListKind::Map(k), .. } if k[0].name == "port")
+        );
+        let t = compile(
+            &GroupKind::new("", "ConfigMap"),
+            core::v1::ConfigMap::json_schema,
+        );
         assert!(!at(&t, &["data"]).is_atomic());
         assert!(!at(&t, &["data"]).declares("x"));
     }

@@ -75,8 +75,16 @@ fn fields_of<'v>(obj: &'v Value, manager: &str) -> &'v Value {
 fn a_create_records_what_it_set_as_kubernetes_does() {
     let t = deployment_type();
     let mut obj = deployment(3, "nginx");
-    record_update(&t, None, &mut obj, &writer("kubectl-create", Operation::Update));
-    assert_eq!(managers_of(&obj), vec![("kubectl-create".into(), "Update".into())]);
+    record_update(
+        &t,
+        None,
+        &mut obj,
+        &writer("kubectl-create", Operation::Update),
+    );
+    assert_eq!(
+        managers_of(&obj),
+        vec![("kubectl-create".into(), "Update".into())]
+    );
     let f = fields_of(&obj, "kubectl-create");
     // Labels are added (so "." marks the map), spec and template always exist (no "."),
     // the selector is an atomic struct (one leaf), a container is an item with its fields.
@@ -99,9 +107,21 @@ fn a_create_records_what_it_set_as_kubernetes_does() {
 fn apply_conflicts_with_another_managers_field_unless_forced() {
     let t = deployment_type();
     let mut live = deployment(3, "nginx");
-    record_update(&t, None, &mut live, &writer("kubectl-create", Operation::Update));
+    record_update(
+        &t,
+        None,
+        &mut live,
+        &writer("kubectl-create", Operation::Update),
+    );
     let config = deployment(5, "nginx");
-    let e = apply(&t, Some(&live), &config, &writer("mine", Operation::Apply), false).unwrap_err();
+    let e = apply(
+        &t,
+        Some(&live),
+        &config,
+        &writer("mine", Operation::Apply),
+        false,
+    )
+    .unwrap_err();
     let ApplyError::Conflicts(c) = &e else {
         panic!("{e:?}")
     };
@@ -117,14 +137,29 @@ fn apply_conflicts_with_another_managers_field_unless_forced() {
     assert_eq!(status.causes[0].kind, CauseType::FieldManagerConflict);
     assert_eq!(status.causes[0].field, ".spec.replicas");
     // The same values are no conflict: the managers share the fields.
-    let same = apply(&t, Some(&live), &deployment(3, "nginx"), &writer("mine", Operation::Apply), false)
-        .unwrap();
+    let same = apply(
+        &t,
+        Some(&live),
+        &deployment(3, "nginx"),
+        &writer("mine", Operation::Apply),
+        false,
+    )
+    .unwrap();
     assert!(fields_of(&same, "mine")["f:spec"]["f:replicas"].is_object());
     assert!(fields_of(&same, "kubectl-create")["f:spec"]["f:replicas"].is_object());
     // Forced: the applier takes the field over.
-    let forced = apply(&t, Some(&live), &config, &writer("mine", Operation::Apply), true).unwrap();
+    let forced = apply(
+        &t,
+        Some(&live),
+        &config,
+        &writer("mine", Operation::Apply),
+        true,
+    )
+    .unwrap();
     assert_eq!(forced["spec"]["replicas"], 5);
-    assert!(fields_of(&forced, "kubectl-create")["f:spec"].get("f:replicas").is_none());
+    assert!(fields_of(&forced, "kubectl-create")["f:spec"]
+        .get("f:replicas")
+        .is_none());
     assert!(fields_of(&forced, "mine")["f:spec"]["f:replicas"].is_object());
 }
 
@@ -132,9 +167,20 @@ fn apply_conflicts_with_another_managers_field_unless_forced() {
 fn several_conflicts_are_grouped_by_manager() {
     let t = deployment_type();
     let mut live = deployment(3, "nginx");
-    record_update(&t, None, &mut live, &writer("kubectl-create", Operation::Update));
-    let e = apply(&t, Some(&live), &deployment(5, "nginx:2"), &writer("mine", Operation::Apply), false)
-        .unwrap_err();
+    record_update(
+        &t,
+        None,
+        &mut live,
+        &writer("kubectl-create", Operation::Update),
+    );
+    let e = apply(
+        &t,
+        Some(&live),
+        &deployment(5, "nginx:2"),
+        &writer("mine", Operation::Apply),
+        false,
+    )
+    .unwrap_err();
     let status = ApiError::from(e);
     assert_eq!(
         status.message,
@@ -155,7 +201,14 @@ fn a_field_dropped_from_the_configuration_goes_unless_someone_else_owns_it() {
     let live = apply(&t, None, &with_label, &a, false).unwrap();
     let b_config = json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "web", "labels": {"extra": "x"}}});
-    let live = apply(&t, Some(&live), &b_config, &writer("b", Operation::Apply), false).unwrap();
+    let live = apply(
+        &t,
+        Some(&live),
+        &b_config,
+        &writer("b", Operation::Apply),
+        false,
+    )
+    .unwrap();
     let live = apply(&t, Some(&live), &deployment(3, "nginx"), &a, false).unwrap();
     assert_eq!(live["metadata"]["labels"]["extra"], "x");
     // A dropped container goes with its fields; replicas dropped is removed too.
@@ -186,7 +239,9 @@ fn an_update_takes_fields_from_appliers_and_reapplying_is_a_no_op() {
     let mut w = writer("kubectl", Operation::Update);
     w.subresource = "scale";
     record_update(&t, Some(&live), &mut scaled, &w);
-    assert!(fields_of(&scaled, "a")["f:spec"].get("f:replicas").is_none());
+    assert!(fields_of(&scaled, "a")["f:spec"]
+        .get("f:replicas")
+        .is_none());
     let entry = scaled["metadata"]["managedFields"]
         .as_array()
         .unwrap()
@@ -198,13 +253,21 @@ fn an_update_takes_fields_from_appliers_and_reapplying_is_a_no_op() {
     assert_eq!(entry["fieldsV1"], json!({"f:spec": {"f:replicas": {}}}));
     // An update that changes nothing leaves the managers as they were.
     let mut again = scaled.clone();
-    record_update(&t, Some(&scaled), &mut again, &writer("other", Operation::Update));
-    assert_eq!(again["metadata"]["managedFields"], scaled["metadata"]["managedFields"]);
+    record_update(
+        &t,
+        Some(&scaled),
+        &mut again,
+        &writer("other", Operation::Update),
+    );
+    assert_eq!(
+        again["metadata"]["managedFields"],
+        scaled["metadata"]["managedFields"]
+    );
     // The applier reapplying its configuration now conflicts with the scale.
     let e = apply(&t, Some(&scaled), &deployment(3, "nginx"), &a, false).unwrap_err();
-    assert!(
-        ApiError::from(e).message.contains("\"kubectl\" with subresource \"scale\" using apps/v1")
-    );
+    assert!(ApiError::from(e)
+        .message
+        .contains("\"kubectl\" with subresource \"scale\" using apps/v1"));
     // And reapplying what is already there changes nothing.
     let same = apply(&t, Some(&live), &deployment(3, "nginx"), &a, false).unwrap();
     assert_eq!(same, live);
@@ -214,15 +277,30 @@ fn an_update_takes_fields_from_appliers_and_reapplying_is_a_no_op() {
 fn clients_may_replace_or_clear_the_list_but_not_lose_it() {
     let t = deployment_type();
     let mut live = deployment(3, "nginx");
-    record_update(&t, None, &mut live, &writer("kubectl-create", Operation::Update));
+    record_update(
+        &t,
+        None,
+        &mut live,
+        &writer("kubectl-create", Operation::Update),
+    );
     // Left out: the live list is kept.
     let mut new = deployment(4, "nginx");
-    record_update(&t, Some(&live), &mut new, &writer("edit", Operation::Update));
+    record_update(
+        &t,
+        Some(&live),
+        &mut new,
+        &writer("edit", Operation::Update),
+    );
     assert_eq!(managers_of(&new).len(), 2);
     // An explicit empty list clears it, then the writer's own change is recorded.
     let mut new = deployment(4, "nginx");
     new["metadata"]["managedFields"] = json!([]);
-    record_update(&t, Some(&live), &mut new, &writer("edit", Operation::Update));
+    record_update(
+        &t,
+        Some(&live),
+        &mut new,
+        &writer("edit", Operation::Update),
+    );
     assert_eq!(managers_of(&new), vec![("edit".into(), "Update".into())]);
 }
 
@@ -230,9 +308,17 @@ fn clients_may_replace_or_clear_the_list_but_not_lose_it() {
 fn objects_without_managers_meet_their_first_apply_as_before_first_apply() {
     let t = deployment_type();
     let live = deployment(3, "nginx");
-    let e = apply(&t, Some(&live), &deployment(4, "nginx"), &writer("a", Operation::Apply), false)
-        .unwrap_err();
-    assert!(ApiError::from(e).message.contains("\"before-first-apply\" using apps/v1"));
+    let e = apply(
+        &t,
+        Some(&live),
+        &deployment(4, "nginx"),
+        &writer("a", Operation::Apply),
+        false,
+    )
+    .unwrap_err();
+    assert!(ApiError::from(e)
+        .message
+        .contains("\"before-first-apply\" using apps/v1"));
 }
 
 #[test]
@@ -259,8 +345,14 @@ fn update_managers_are_capped_with_the_oldest_merged() {
 
 #[test]
 fn user_agents_become_manager_names() {
-    assert_eq!(manager_from_user_agent("kubectl/v1.33.1 (linux/amd64) kubernetes/abc"), "kubectl");
-    assert_eq!(manager_from_user_agent("kube-controller-manager/v1.33"), "kube-controller-manager");
+    assert_eq!(
+        manager_from_user_agent("kubectl/v1.33.1 (linux/amd64) kubernetes/abc"),
+        "kubectl"
+    );
+    assert_eq!(
+        manager_from_user_agent("kube-controller-manager/v1.33"),
+        "kube-controller-manager"
+    );
     assert_eq!(manager_from_user_agent(&"x".repeat(300)).len(), 128);
     assert_eq!(manager_from_user_agent(""), "");
 }
@@ -269,20 +361,39 @@ fn user_agents_become_manager_names() {
 fn apply_refuses_managed_fields_and_keyless_items() {
     let t = pod_type();
     let mut config = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "managedFields": [{}]}});
-    let w = Writer { api_version: "v1", ..writer("a", Operation::Apply) };
-    assert!(matches!(apply(&t, None, &config, &w, false), Err(ApplyError::Invalid(_))));
-    config["metadata"].as_object_mut().unwrap().remove("managedFields");
+    let w = Writer {
+        api_version: "v1",
+        ..writer("a", Operation::Apply)
+    };
+    assert!(matches!(
+        apply(&t, None, &config, &w, false),
+        Err(ApplyError::Invalid(_))
+    ));
+    config["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("managedFields");
     config["spec"] = json!({"containers": [{"image": "x"}]});
     let e = apply(&t, None, &config, &w, false).unwrap_err();
-    assert!(matches!(&e, ApplyError::Invalid(m) if m.contains("omits key field \"name\"")), "{e:?}");
+    assert!(
+        matches!(&e, ApplyError::Invalid(m) if m.contains("omits key field \"name\"")),
+        "{e:?}"
+    );
     // Ports default their protocol key: two ports differing only by protocol are two items.
     config["spec"] = json!({"containers": [{"name": "c", "ports": [
         {"containerPort": 53}, {"containerPort": 53, "protocol": "UDP"}]}]});
     let out = apply(&t, None, &config, &w, false).unwrap();
     let f = fields_of(&out, "a");
     let ports = &f["f:spec"]["f:containers"]["k:{\"name\":\"c\"}"]["f:ports"];
-    assert!(ports.get("k:{\"containerPort\":53,\"protocol\":\"TCP\"}").is_some(), "{ports}");
-    assert!(ports.get("k:{\"containerPort\":53,\"protocol\":\"UDP\"}").is_some());
+    assert!(
+        ports
+            .get("k:{\"containerPort\":53,\"protocol\":\"TCP\"}")
+            .is_some(),
+        "{ports}"
+    );
+    assert!(ports
+        .get("k:{\"containerPort\":53,\"protocol\":\"UDP\"}")
+        .is_some());
 }
 
 // ---- property tests -------------------------------------------------------------------
@@ -346,7 +457,9 @@ fn arb_pod() -> impl Strategy<Value = Value> {
 /// item order may differ.
 fn canonical(v: &Value) -> Value {
     match v {
-        Value::Object(m) => Value::Object(m.iter().map(|(k, v)| (k.clone(), canonical(v))).collect()),
+        Value::Object(m) => {
+            Value::Object(m.iter().map(|(k, v)| (k.clone(), canonical(v))).collect())
+        }
         Value::Array(a) => {
             let mut items: Vec<Value> = a.iter().map(canonical).collect();
             let keyed = items.iter().all(|i| i.get("name").is_some());

@@ -61,11 +61,13 @@ fn empty_or_null(v: Option<&Value>) -> bool {
 /// Whether this pair of values is compared as one leaf: atomic types, scalars, values of the
 /// wrong shape, and empty/null on both sides (which keeps `{}` distinct from absent).
 fn is_leaf(t: &Type, l: Option<&Value>, r: Option<&Value>) -> bool {
-    let shaped = |v: Option<&Value>| match (t, v) {
-        (_, None | Some(Value::Null)) => true,
-        (Type::Map { .. }, Some(Value::Object(_))) => true,
-        (Type::List { .. }, Some(Value::Array(_))) => true,
-        _ => false,
+    let shaped = |v: Option<&Value>| {
+        matches!(
+            (t, v),
+            (_, None | Some(Value::Null))
+                | (Type::Map { .. }, Some(Value::Object(_)))
+                | (Type::List { .. }, Some(Value::Array(_)))
+        )
     };
     t.is_atomic() || !shaped(l) || !shaped(r) || (empty_or_null(l) && empty_or_null(r))
 }
@@ -81,9 +83,14 @@ pub fn field_set(v: &Value, t: &Type) -> Result<Set, String> {
 fn to_set(v: &Value, t: &Type, path: &mut Vec<PathElement>, out: &mut Set) -> Result<(), String> {
     match (t, v) {
         (Type::Scalar, _) => out.insert(path),
-        (Type::Map { atomic: true, .. }, _) | (Type::List { kind: ListKind::Atomic, .. }, _) => {
-            out.insert(path)
-        }
+        (Type::Map { atomic: true, .. }, _)
+        | (
+            Type::List {
+                kind: ListKind::Atomic,
+                ..
+            },
+            _,
+        ) => out.insert(path),
         (Type::Map { .. }, Value::Object(m)) => {
             for (k, child) in m {
                 path.push(PathElement::Field(k.clone()));
@@ -151,7 +158,11 @@ fn cmp(
             let lm = l.and_then(Value::as_object);
             let rm = r.and_then(Value::as_object);
             let mut keys: Vec<&String> = lm.into_iter().flat_map(|m| m.keys()).collect();
-            keys.extend(rm.into_iter().flat_map(|m| m.keys()).filter(|k| !lm.is_some_and(|m| m.contains_key(*k))));
+            keys.extend(
+                rm.into_iter()
+                    .flat_map(|m| m.keys())
+                    .filter(|k| !lm.is_some_and(|m| m.contains_key(*k))),
+            );
             for k in keys {
                 path.push(PathElement::Field(k.clone()));
                 cmp(
@@ -328,7 +339,11 @@ pub fn with_named_fields(set: &Set, t: &Type) -> Set {
             _ => &UNTYPED,
         };
         let named = matches!(pe, PathElement::Field(f) if t.declares(f)) && !children.is_empty();
-        (pe.clone(), member || named, with_named_fields(children, child_t))
+        (
+            pe.clone(),
+            member || named,
+            with_named_fields(children, child_t),
+        )
     }))
 }
 

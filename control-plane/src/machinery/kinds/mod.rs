@@ -53,7 +53,10 @@ pub fn tracks_generation(group: &str, kind: &str) -> bool {
     matches!(
         (group, kind),
         ("", "Pod" | "ReplicationController")
-            | ("apps", "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet")
+            | (
+                "apps",
+                "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet"
+            )
             | ("batch", "Job" | "CronJob")
             | ("discovery.k8s.io", "EndpointSlice")
             | ("networking.k8s.io", "Ingress" | "NetworkPolicy")

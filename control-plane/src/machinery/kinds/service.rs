@@ -26,6 +26,8 @@ use crate::machinery::validation::{
 const TYPES: &[&str] = &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"];
 const AFFINITIES: &[&str] = &["ClientIP", "None"];
 const TRAFFIC_POLICIES: &[&str] = &["Cluster", "Local"];
+const IP_FAMILIES: &[&str] = &["IPv4", "IPv6"];
+const IP_FAMILY_POLICIES: &[&str] = &["PreferDualStack", "RequireDualStack", "SingleStack"];
 /// Kubernetes' default ClientIP affinity timeout (3 hours).
 const DEFAULT_AFFINITY_TIMEOUT: i32 = 10800;
 
@@ -57,6 +59,9 @@ pub fn default(v: &mut Value) {
             }
         }
         if kind == "ExternalName" {
+            // ExternalName services have no IPs, so no IP families (Kubernetes clears them).
+            spec.ip_families = None;
+            spec.ip_family_policy = None;
             return;
         }
         spec.internal_traffic_policy
@@ -162,6 +167,7 @@ pub fn validate(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
                 }
             }
         }
+        errs.extend(validate_ip_families(&spec, kind, &path));
         if let Some(sel) = spec.selector.as_ref() {
             errs.extend(validate_labels(sel, &path.child("selector")));
         }
@@ -190,6 +196,59 @@ pub fn validate(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
         }
         errs
     })
+}
+
+/// `ipFamilies` and `ipFamilyPolicy` on their own (Kubernetes' validateIPFamilies and the
+/// policy checks); whether the cluster has the families is the allocator's to say.
+fn validate_ip_families(spec: &ServiceSpec, kind: &str, path: &FieldPath) -> Vec<FieldError> {
+    let mut errs = vec![];
+    let families = spec.ip_families.as_deref().unwrap_or(&[]);
+    if kind == "ExternalName" {
+        return errs;
+    }
+    let policy = spec.ip_family_policy.as_deref();
+    if let Some(p) = policy {
+        if !IP_FAMILY_POLICIES.contains(&p) {
+            errs.push(FieldError::not_supported(
+                path.child("ipFamilyPolicy"),
+                p,
+                IP_FAMILY_POLICIES,
+            ));
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for (i, f) in families.iter().enumerate() {
+        let fp = path.child("ipFamilies").index(i);
+        if !IP_FAMILIES.contains(&f.as_str()) {
+            errs.push(FieldError::not_supported(fp, f, IP_FAMILIES));
+        } else if !seen.insert(f.as_str()) {
+            errs.push(FieldError::duplicate(fp, f));
+        }
+    }
+    if families.len() > 2 {
+        errs.push(FieldError::invalid(
+            path.child("ipFamilies"),
+            format!("{families:?}"),
+            "may specify no more than two IP families",
+        ));
+    }
+    if policy == Some("SingleStack") {
+        if spec.cluster_ips.as_ref().is_some_and(|ips| ips.len() == 2) {
+            errs.push(FieldError::invalid(
+                path.child("ipFamilyPolicy"),
+                "SingleStack",
+                "must be 'RequireDualStack' or 'PreferDualStack' when multiple cluster IPs are specified",
+            ));
+        }
+        if families.len() == 2 {
+            errs.push(FieldError::invalid(
+                path.child("ipFamilyPolicy"),
+                "SingleStack",
+                "must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified",
+            ));
+        }
+    }
+    errs
 }
 
 fn validate_ports(ports: &[ServicePort], kind: &str, path: &FieldPath) -> Vec<FieldError> {
@@ -443,6 +502,42 @@ mod tests {
         let mut bad_ip = v.clone();
         bad_ip["spec"]["clusterIP"] = json!("10.96.0.300");
         assert_eq!(errors(&bad_ip, None), vec!["spec.clusterIPs[0]: Invalid value: \"10.96.0.300\": must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)"]);
+    }
+
+    #[test]
+    fn ip_families_are_checked_on_their_own() {
+        let mut v = exposed();
+        v["spec"]["ipFamilies"] = json!(["IPv5", "IPv4", "IPv4"]);
+        v["spec"]["ipFamilyPolicy"] = json!("SingleStack");
+        default(&mut v);
+        let errs = errors(&v, None);
+        assert!(errs.contains(&"spec.ipFamilies[0]: Unsupported value: \"IPv5\": supported values: \"IPv4\", \"IPv6\"".to_string()), "{errs:?}");
+        assert!(
+            errs.contains(&"spec.ipFamilies[2]: Duplicate value: \"IPv4\"".to_string()),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("may specify no more than two IP families")),
+            "{errs:?}"
+        );
+        let mut v = exposed();
+        v["spec"]["ipFamilies"] = json!(["IPv4", "IPv6"]);
+        v["spec"]["ipFamilyPolicy"] = json!("Sometimes");
+        default(&mut v);
+        assert_eq!(
+            errors(&v, None),
+            vec!["spec.ipFamilyPolicy: Unsupported value: \"Sometimes\": supported values: \"PreferDualStack\", \"RequireDualStack\", \"SingleStack\""]
+        );
+        let mut external = exposed();
+        external["spec"]["type"] = json!("ExternalName");
+        external["spec"]["externalName"] = json!("example.com");
+        external["spec"]["ipFamilies"] = json!(["IPv4"]);
+        default(&mut external);
+        assert!(
+            external["spec"].get("ipFamilies").is_none(),
+            "cleared for ExternalName"
+        );
     }
 
     #[test]

@@ -411,7 +411,9 @@ mod tests {
             );
         }
         assert_eq!(
-            apply(&gk("Pod"), &pod(), PatchType::Apply, b"{}").unwrap_err().code,
+            apply(&gk("Pod"), &pod(), PatchType::Apply, b"{}")
+                .unwrap_err()
+                .code,
             500
         );
     }
