@@ -6,29 +6,14 @@ use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use serde_json::Value;
-use skiff_tests::apiserver::ApiServerProcess;
-use skiff_tests::kubectl::Kubectl;
+use skiff_tests::kubectl::ServerFixture;
 use skiff_tests::wait_until;
 
-struct Fixture {
-    _server: ApiServerProcess,
-    k: Kubectl,
-    dir: tempfile::TempDir,
-}
-
-fn start() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let server = ApiServerProcess::start(
+fn start() -> ServerFixture {
+    ServerFixture::start(
         env!("CARGO_BIN_EXE_control-plane").as_ref(),
-        &dir.path().join("data"),
         &["--bookmark-interval", "1"],
-    );
-    let k = Kubectl::new(&server.kubeconfig(), dir.path());
-    Fixture {
-        _server: server,
-        k,
-        dir,
-    }
+    )
 }
 
 fn json(s: &str) -> Value {

@@ -4,40 +4,19 @@
 //! OpenAPI v2, and the places where the server must answer exactly as Kubernetes does.
 
 use serde_json::Value;
-use skiff_tests::apiserver::ApiServerProcess;
-use skiff_tests::kubectl::Kubectl;
+use skiff_tests::kubectl::ServerFixture;
 
-struct Fixture {
-    server: ApiServerProcess,
-    k: Kubectl,
-    dir: tempfile::TempDir,
+fn start() -> ServerFixture {
+    ServerFixture::start(env!("CARGO_BIN_EXE_control-plane").as_ref(), &[])
 }
 
-fn start() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let server = ApiServerProcess::start(
-        env!("CARGO_BIN_EXE_control-plane").as_ref(),
-        &dir.path().join("data"),
-        &[],
-    );
-    let k = Kubectl::new(&server.kubeconfig(), dir.path());
-    Fixture { server, k, dir }
-}
-
-impl Fixture {
-    fn file(&self, name: &str, content: &str) -> String {
-        let path = self.dir.path().join(name);
-        std::fs::write(&path, content).unwrap();
-        path.to_str().unwrap().to_string()
-    }
-
-    fn get_json(&self, args: &[&str]) -> Value {
-        let mut a = vec!["get"];
-        a.extend_from_slice(args);
-        a.extend_from_slice(&["-o", "json", "--show-managed-fields"]);
-        let out = self.k.ok(&a);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-    }
+/// `kubectl get ARGS -o json --show-managed-fields`, parsed.
+fn get_json(f: &ServerFixture, args: &[&str]) -> Value {
+    let mut a = vec!["get"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["-o", "json", "--show-managed-fields"]);
+    let out = f.k.ok(&a);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
 fn manager<'v>(obj: &'v Value, name: &str) -> Option<&'v Value> {
@@ -74,7 +53,7 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
         "--image=nginx:1.27",
         "--replicas=2",
     ]);
-    let d = f.get_json(&["deploy", "web"]);
+    let d = get_json(&f, &["deploy", "web"]);
     let created = manager(&d, "kubectl-create").expect("kubectl create's entry");
     assert_eq!(created["operation"], "Update");
     assert_eq!(created["apiVersion"], "apps/v1");
@@ -93,7 +72,7 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
     );
     assert!(r.stderr.contains("--force-conflicts"), "{}", r.stderr);
     assert_eq!(
-        f.get_json(&["deploy", "web"])["spec"]["replicas"],
+        get_json(&f, &["deploy", "web"])["spec"]["replicas"],
         2,
         "nothing written"
     );
@@ -102,7 +81,7 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
     let out =
         f.k.ok(&["apply", "--server-side", "--force-conflicts", "-f", &p]);
     assert!(out.contains("serverside-applied"), "{out}");
-    let d = f.get_json(&["deploy", "web"]);
+    let d = get_json(&f, &["deploy", "web"]);
     assert_eq!(d["spec"]["replicas"], 3);
     let applied = manager(&d, "kubectl").expect("kubectl's Apply entry");
     assert_eq!(applied["operation"], "Apply");
@@ -135,7 +114,7 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
         &f.file("web.yaml", &labelled),
     ]);
     assert_eq!(
-        f.get_json(&["deploy", "web"])["metadata"]["labels"]["team"],
+        get_json(&f, &["deploy", "web"])["metadata"]["labels"]["team"],
         "a"
     );
     let without = DEPLOYMENT.replace("  replicas: 3\n", "");
@@ -145,7 +124,7 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
         "-f",
         &f.file("web.yaml", &without),
     ]);
-    let d = f.get_json(&["deploy", "web"]);
+    let d = get_json(&f, &["deploy", "web"]);
     assert!(
         d["metadata"]
             .get("labels")
@@ -159,7 +138,7 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
 
     // kubectl scale takes replicas over as an update through the scale subresource.
     f.k.ok(&["scale", "deploy", "web", "--replicas=4"]);
-    let d = f.get_json(&["deploy", "web"]);
+    let d = get_json(&f, &["deploy", "web"]);
     let scale = d["metadata"]["managedFields"]
         .as_array()
         .unwrap()
@@ -170,7 +149,6 @@ fn server_side_apply_conflicts_force_and_managed_fields() {
         scale["fieldsV1"],
         serde_json::json!({"f:spec": {"f:replicas": {}}})
     );
-    drop(f.server);
 }
 
 #[test]
@@ -211,12 +189,12 @@ fn diff_of_an_unchanged_object_shows_nothing_and_configmaps_have_no_generation()
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
     // A data change is no generation either; a Deployment's spec change is.
     f.k.ok(&["patch", "configmap", "c", "-p", r#"{"data":{"a":"2"}}"#]);
-    assert!(f.get_json(&["configmap", "c"])["metadata"]
+    assert!(get_json(&f, &["configmap", "c"])["metadata"]
         .get("generation")
         .is_none());
     f.k.ok(&["create", "deployment", "d", "--image=nginx"]);
     f.k.ok(&["set", "image", "deployment/d", "nginx=nginx:2"]);
-    assert_eq!(f.get_json(&["deploy", "d"])["metadata"]["generation"], 2);
+    assert_eq!(get_json(&f, &["deploy", "d"])["metadata"]["generation"], 2);
 }
 
 #[test]

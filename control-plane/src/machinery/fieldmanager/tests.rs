@@ -71,16 +71,22 @@ fn fields_of<'v>(obj: &'v Value, manager: &str) -> &'v Value {
         .unwrap_or(&Value::Null)
 }
 
-#[test]
-fn a_create_records_what_it_set_as_kubernetes_does() {
-    let t = deployment_type();
-    let mut obj = deployment(3, "nginx");
+/// The deployment as `kubectl create` leaves it: one Update manager owning all of it.
+fn created_by_kubectl(t: &Type, replicas: i64) -> Value {
+    let mut obj = deployment(replicas, "nginx");
     record_update(
-        &t,
+        t,
         None,
         &mut obj,
         &writer("kubectl-create", Operation::Update),
     );
+    obj
+}
+
+#[test]
+fn a_create_records_what_it_set_as_kubernetes_does() {
+    let t = deployment_type();
+    let obj = created_by_kubectl(&t, 3);
     assert_eq!(
         managers_of(&obj),
         vec![("kubectl-create".into(), "Update".into())]
@@ -106,13 +112,7 @@ fn a_create_records_what_it_set_as_kubernetes_does() {
 #[test]
 fn apply_conflicts_with_another_managers_field_unless_forced() {
     let t = deployment_type();
-    let mut live = deployment(3, "nginx");
-    record_update(
-        &t,
-        None,
-        &mut live,
-        &writer("kubectl-create", Operation::Update),
-    );
+    let live = created_by_kubectl(&t, 3);
     let config = deployment(5, "nginx");
     let e = apply(
         &t,
@@ -166,13 +166,7 @@ fn apply_conflicts_with_another_managers_field_unless_forced() {
 #[test]
 fn several_conflicts_are_grouped_by_manager() {
     let t = deployment_type();
-    let mut live = deployment(3, "nginx");
-    record_update(
-        &t,
-        None,
-        &mut live,
-        &writer("kubectl-create", Operation::Update),
-    );
+    let live = created_by_kubectl(&t, 3);
     let e = apply(
         &t,
         Some(&live),
@@ -276,13 +270,7 @@ fn an_update_takes_fields_from_appliers_and_reapplying_is_a_no_op() {
 #[test]
 fn clients_may_replace_or_clear_the_list_but_not_lose_it() {
     let t = deployment_type();
-    let mut live = deployment(3, "nginx");
-    record_update(
-        &t,
-        None,
-        &mut live,
-        &writer("kubectl-create", Operation::Update),
-    );
+    let live = created_by_kubectl(&t, 3);
     // Left out: the live list is kept.
     let mut new = deployment(4, "nginx");
     record_update(
