@@ -230,6 +230,34 @@ fn services_ip_families_dry_run_allocations_and_undecodable_bodies() {
         r.stderr
     );
 
+    // The other differences from Kubernetes' validation found by going through it kind by
+    // kind: each refused with Kubernetes' words.
+    for (name, manifest, message) in [
+        (
+            "etp.yaml",
+            svc.replace("ipFamilies: [IPv6]", "externalTrafficPolicy: Local"),
+            "spec.externalTrafficPolicy: Invalid value: \"Local\": may only be set for externally-accessible services",
+        ),
+        (
+            "headless.yaml",
+            svc.replace("ipFamilies: [IPv6]", "type: NodePort\n  clusterIP: None"),
+            "spec.clusterIPs[0]: Invalid value: \"None\": may not be set to 'None' for NodePort services",
+        ),
+        (
+            "hostnet.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: h\nspec:\n  hostNetwork: true\n  containers:\n  - name: c\n    image: i\n    ports:\n    - {containerPort: 80, hostPort: 81}\n".to_string(),
+            "spec.containers[0].ports[0].hostPort: Invalid value: 81: must match `containerPort` when `hostNetwork` is true",
+        ),
+        (
+            "resource.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: r\nspec:\n  containers:\n  - name: c\n    image: i\n    resources: {limits: {foo: \"1\"}}\n".to_string(),
+            "spec.containers[0].resources.limits[foo]: Invalid value: \"foo\": must be a standard resource for containers",
+        ),
+    ] {
+        let r = f.k.run(&["create", "-f", &f.file(name, &manifest)]);
+        assert!(!r.success && r.stderr.contains(message), "{name}: {}", r.stderr);
+    }
+
     // A server-side dry run shows the cluster IP and node port it would allocate, keeps none.
     let out = f.k.ok(&[
         "create",

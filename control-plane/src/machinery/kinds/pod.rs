@@ -326,6 +326,9 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &FieldPath) -> Vec<FieldError> {
             ));
         }
     }
+    if spec.host_network == Some(true) {
+        errs.extend(host_network_ports(spec, path));
+    }
     if let Some(p) = spec.restart_policy.as_deref() {
         if !RESTART_POLICIES.contains(&p) {
             errs.push(FieldError::not_supported(
@@ -385,6 +388,35 @@ pub fn validate_pod_spec(spec: &PodSpec, path: &FieldPath) -> Vec<FieldError> {
             sa,
             dns1123_subdomain_errors(sa),
         ));
+    }
+    errs
+}
+
+/// With hostNetwork a container port is a host port: the two must agree.
+fn host_network_ports(spec: &PodSpec, path: &FieldPath) -> Vec<FieldError> {
+    let mut errs = vec![];
+    for (list, containers) in [
+        (
+            "initContainers",
+            spec.init_containers.as_deref().unwrap_or(&[]),
+        ),
+        ("containers", spec.containers.as_slice()),
+    ] {
+        for (i, c) in containers.iter().enumerate() {
+            for (j, p) in c.ports.iter().flatten().enumerate() {
+                if let Some(h) = p.host_port.filter(|h| *h != p.container_port) {
+                    errs.push(FieldError::invalid_number(
+                        path.child(list)
+                            .index(i)
+                            .child("ports")
+                            .index(j)
+                            .child("hostPort"),
+                        h.into(),
+                        "must match `containerPort` when `hostNetwork` is true",
+                    ));
+                }
+            }
+        }
     }
     errs
 }
@@ -561,6 +593,7 @@ fn validate_resources(r: &ResourceRequirements, path: &FieldPath) -> Vec<FieldEr
         for (k, q) in list.into_iter().flatten() {
             let p = path.child(field).key(k);
             errs.extend(invalid_each(&p, k, qualified_name_errors(k)));
+            errs.extend(container_resource_name_errors(k, &p));
             match Quantity::parse(&q.0) {
                 Ok(v) if v.nano_value() < 0 => errs.push(FieldError::invalid(
                     &p,
@@ -587,6 +620,55 @@ fn validate_resources(r: &ResourceRequirements, path: &FieldPath) -> Vec<FieldEr
                 ));
             }
         }
+    }
+    errs
+}
+
+/// Kubernetes' standard resource names (quota names included), for unqualified names.
+const STANDARD_RESOURCES: &[&str] = &[
+    "cpu",
+    "memory",
+    "ephemeral-storage",
+    "requests.cpu",
+    "requests.memory",
+    "requests.ephemeral-storage",
+    "limits.cpu",
+    "limits.memory",
+    "limits.ephemeral-storage",
+    "pods",
+    "services",
+    "replicationcontrollers",
+    "resourcequotas",
+    "secrets",
+    "persistentvolumeclaims",
+    "configmaps",
+    "storage",
+    "requests.storage",
+    "services.nodeports",
+    "services.loadbalancers",
+];
+
+/// A container's resources are cpu, memory, ephemeral-storage, hugepages-<size>, or a
+/// qualified (extended) name (Kubernetes' validateContainerResourceName).
+fn container_resource_name_errors(name: &str, path: &FieldPath) -> Vec<FieldError> {
+    if name.contains('/') {
+        return vec![];
+    }
+    let huge = name.starts_with("hugepages-");
+    let mut errs = vec![];
+    if !huge && !STANDARD_RESOURCES.contains(&name) {
+        errs.push(FieldError::invalid(
+            path,
+            name,
+            "must be a standard resource type or fully qualified",
+        ));
+    }
+    if !huge && !["cpu", "memory", "ephemeral-storage"].contains(&name) {
+        errs.push(FieldError::invalid(
+            path,
+            name,
+            "must be a standard resource for containers",
+        ));
     }
     errs
 }
@@ -1126,6 +1208,32 @@ mod tests {
             .into_iter()
             .map(|e| format!("{}: {}", e.field, e.message))
             .collect()
+    }
+
+    #[test]
+    fn host_network_ports_and_resource_names_as_kubernetes() {
+        let v = pod(
+            json!({"hostNetwork": true, "containers": [{"name": "web", "image": "i",
+                   "ports": [{"containerPort": 80, "hostPort": 81}, {"containerPort": 82}]}]}),
+            json!({}),
+        );
+        assert_eq!(
+            errors(&v, None),
+            vec!["spec.containers[0].ports[0].hostPort: Invalid value: 81: must match `containerPort` when `hostNetwork` is true"]
+        );
+        let v = pod(
+            json!({"containers": [{"name": "web", "image": "i",
+                   "resources": {"limits": {"foo": "1", "pods": "1", "hugepages-2Mi": "2Mi", "example.com/gpu": "1"}}}]}),
+            json!({}),
+        );
+        assert_eq!(
+            errors(&v, None),
+            vec![
+                "spec.containers[0].resources.limits[foo]: Invalid value: \"foo\": must be a standard resource type or fully qualified",
+                "spec.containers[0].resources.limits[foo]: Invalid value: \"foo\": must be a standard resource for containers",
+                "spec.containers[0].resources.limits[pods]: Invalid value: \"pods\": must be a standard resource for containers",
+            ]
+        );
     }
 
     #[test]

@@ -66,7 +66,11 @@ pub fn default(v: &mut Value) {
         }
         spec.internal_traffic_policy
             .get_or_insert_with(|| "Cluster".into());
-        if kind == "NodePort" || kind == "LoadBalancer" {
+        let external_ips = spec
+            .external_ips
+            .as_ref()
+            .is_some_and(|ips| !ips.is_empty());
+        if kind == "NodePort" || kind == "LoadBalancer" || external_ips {
             spec.external_traffic_policy
                 .get_or_insert_with(|| "Cluster".into());
         }
@@ -168,6 +172,29 @@ pub fn validate(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
             }
         }
         errs.extend(validate_ip_families(&spec, kind, &path));
+        if headless && (kind == "NodePort" || kind == "LoadBalancer") {
+            errs.push(FieldError::invalid(
+                path.child("clusterIPs").index(0),
+                "None",
+                &format!("may not be set to 'None' for {kind} services"),
+            ));
+        }
+        // externalTrafficPolicy belongs to externally reachable Services; one that stops
+        // being one keeps what it had until the next write sets it anew.
+        let external = |s: &ServiceSpec| {
+            matches!(s.type_.as_deref(), Some("NodePort" | "LoadBalancer"))
+                || s.external_ips.as_ref().is_some_and(|ips| !ips.is_empty())
+        };
+        let was_external = old.is_some_and(|o| o.spec.as_ref().is_some_and(external));
+        if let Some(p) = spec.external_traffic_policy.as_deref() {
+            if !external(&spec) && !was_external {
+                errs.push(FieldError::invalid(
+                    path.child("externalTrafficPolicy"),
+                    p,
+                    "may only be set for externally-accessible services",
+                ));
+            }
+        }
         if let Some(sel) = spec.selector.as_ref() {
             errs.extend(validate_labels(sel, &path.child("selector")));
         }
@@ -502,6 +529,36 @@ mod tests {
         let mut bad_ip = v.clone();
         bad_ip["spec"]["clusterIP"] = json!("10.96.0.300");
         assert_eq!(errors(&bad_ip, None), vec!["spec.clusterIPs[0]: Invalid value: \"10.96.0.300\": must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)"]);
+    }
+
+    #[test]
+    fn external_policy_and_headless_node_ports_as_kubernetes() {
+        let mut v = exposed();
+        v["spec"]["externalTrafficPolicy"] = json!("Local");
+        default(&mut v);
+        assert_eq!(
+            errors(&v, None),
+            vec!["spec.externalTrafficPolicy: Invalid value: \"Local\": may only be set for externally-accessible services"]
+        );
+        let mut np = exposed();
+        np["spec"]["type"] = json!("NodePort");
+        default(&mut np);
+        assert!(errors(&np, None).is_empty());
+        // A NodePort Service turned ClusterIP keeps its policy through that update.
+        let mut back = np.clone();
+        back["spec"]["type"] = json!("ClusterIP");
+        assert!(
+            errors(&back, Some(&np)).is_empty(),
+            "{:?}",
+            errors(&back, Some(&np))
+        );
+        let mut headless = exposed();
+        headless["spec"]["type"] = json!("NodePort");
+        headless["spec"]["clusterIP"] = json!("None");
+        default(&mut headless);
+        assert!(errors(&headless, None).contains(
+            &"spec.clusterIPs[0]: Invalid value: \"None\": may not be set to 'None' for NodePort services".to_string()
+        ));
     }
 
     #[test]
