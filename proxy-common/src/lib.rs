@@ -13,7 +13,8 @@ pub const PROTO_UDP: u8 = 17;
 /// Map names, as pinned under the proxy's bpffs directory.
 pub const MAP_SERVICES: &str = "SKIFF_SERVICES";
 pub const MAP_BACKENDS: &str = "SKIFF_BACKENDS";
-pub const MAP_REVNAT: &str = "SKIFF_REVNAT";
+pub const MAP_SOCK_REVNAT: &str = "SKIFF_SOCK_REVNAT";
+pub const MAP_UDP_DESTROY: &str = "SKIFF_UDP_DESTROY";
 pub const MAP_AFFINITY: &str = "SKIFF_AFFINITY";
 pub const MAP_COUNTERS: &str = "SKIFF_COUNTERS";
 
@@ -103,22 +104,54 @@ pub struct Backend {
     pub _pad: u8,
 }
 
-/// Key of the reverse-translation LRU: a socket and the backend it was sent to. Written
-/// at connect()/sendmsg(), read by recvmsg() and getpeername() to show the service address.
+/// How many (backend -> service) pairs one socket remembers. A connected socket needs one;
+/// an unconnected UDP socket one per service it sends to (it sticks to its backend per
+/// service, as a conntrack entry pins an iptables-NATed flow).
+pub const REVNAT_PER_SOCKET: usize = 4;
+
+/// One reverse translation of a socket: replies from `backend` show `service`. Written at
+/// connect()/sendmsg(), read by recvmsg() and getpeername(), and by the UDP socket
+/// iterator that destroys sockets connected to a removed backend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct RevNatKey {
-    pub cookie: u64,
-    pub addr: Addr,
-    pub port: u16,
-    pub _pad: [u8; 6],
+pub struct RevNatEntry {
+    pub backend: Addr,
+    pub service: Addr,
+    /// Network byte order; 0 marks an unused entry.
+    pub backend_port: u16,
+    /// Network byte order.
+    pub service_port: u16,
+    /// The frontend and slot the backend was taken from: an unconnected UDP socket sends to
+    /// the same backend again while that slot still holds it.
+    pub id: u32,
+    pub slot: u32,
+    pub _pad: u32,
 }
 
-/// Value of the reverse-translation LRU: the service address the socket asked for.
+/// Socket-local storage (`BPF_MAP_TYPE_SK_STORAGE`): the kernel frees it with the socket,
+/// so a translation lives exactly as long as the socket it belongs to, however many other
+/// sockets come and go.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct RevNatValue {
-    pub addr: Addr,
+pub struct SockRevNat {
+    pub entries: [RevNatEntry; REVNAT_PER_SOCKET],
+    /// The entry the next new pair replaces (round robin).
+    pub next: u32,
+    pub _pad: u32,
+}
+
+/// Byte offsets inside [`SockRevNat`] that the hand-assembled UDP socket iterator reads
+/// (proxy/src/udp_destroy.rs); checked against the layout by a test.
+pub const REVNAT_ENTRY_SIZE: usize = 48;
+pub const REVNAT_BACKEND_V4_OFFSET: usize = 12;
+pub const REVNAT_BACKEND_PORT_OFFSET: usize = 32;
+
+/// Key of the UDP destroy set: a backend (IPv4, as in `user_ip4`; port in network byte
+/// order) whose connected UDP sockets the socket iterator destroys.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UdpDestroyKey {
+    pub addr: u32,
     pub port: u16,
     pub _pad: u16,
 }
@@ -143,14 +176,19 @@ pub struct AffinityValue {
     pub slot: u32,
 }
 
-/// Per-CPU counters per frontend id.
+/// Per-CPU counters per frontend id: every translation and every refusal, by reason.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ServiceCounters {
     /// Connects and sends translated to a backend.
     pub translations: u64,
-    /// Connects and sends refused because the service had no ready backend.
+    /// Connects and sends refused because the service had no usable backend.
     pub refused: u64,
+    /// Backend slots found empty (the sync engine's ordering makes this impossible; a
+    /// non-zero count is a bug).
+    pub missed: u64,
+    /// Packets and connects denied by loadBalancerSourceRanges.
+    pub denied: u64,
 }
 
 #[cfg(feature = "user")]
@@ -162,8 +200,9 @@ mod user {
     unsafe impl aya::Pod for ServiceValue {}
     unsafe impl aya::Pod for BackendKey {}
     unsafe impl aya::Pod for Backend {}
-    unsafe impl aya::Pod for RevNatKey {}
-    unsafe impl aya::Pod for RevNatValue {}
+    unsafe impl aya::Pod for RevNatEntry {}
+    unsafe impl aya::Pod for SockRevNat {}
+    unsafe impl aya::Pod for UdpDestroyKey {}
     unsafe impl aya::Pod for AffinityKey {}
     unsafe impl aya::Pod for AffinityValue {}
     unsafe impl aya::Pod for ServiceCounters {}
@@ -182,11 +221,30 @@ mod tests {
         assert_eq!(size_of::<ServiceValue>(), 16);
         assert_eq!(size_of::<BackendKey>(), 8);
         assert_eq!(size_of::<Backend>(), 16 + 2 + 1 + 1);
-        assert_eq!(size_of::<RevNatKey>(), 8 + 16 + 2 + 6);
-        assert_eq!(size_of::<RevNatValue>(), 16 + 2 + 2);
+        assert_eq!(size_of::<RevNatEntry>(), REVNAT_ENTRY_SIZE);
+        assert_eq!(
+            size_of::<SockRevNat>(),
+            REVNAT_PER_SOCKET * REVNAT_ENTRY_SIZE + 8
+        );
+        assert_eq!(size_of::<UdpDestroyKey>(), 8);
         assert_eq!(size_of::<AffinityKey>(), 8 + 4 + 4);
         assert_eq!(size_of::<AffinityValue>(), 8 + 20 + 4);
-        assert_eq!(size_of::<ServiceCounters>(), 16);
+        assert_eq!(size_of::<ServiceCounters>(), 32);
+    }
+
+    /// The offsets the hand-assembled socket iterator uses.
+    #[test]
+    fn revnat_offsets_match_the_iterator() {
+        let e = RevNatEntry::default();
+        let base = &e as *const RevNatEntry as usize;
+        assert_eq!(
+            &e.backend.words[3] as *const u32 as usize - base,
+            REVNAT_BACKEND_V4_OFFSET
+        );
+        assert_eq!(
+            &e.backend_port as *const u16 as usize - base,
+            REVNAT_BACKEND_PORT_OFFSET
+        );
     }
 
     #[test]

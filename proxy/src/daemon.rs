@@ -2,13 +2,14 @@
 //! batches, with metrics, /healthz, and a clean stop on SIGTERM (the pinned maps and links
 //! stay, so traffic keeps flowing while the proxy is down or restarting).
 
-use crate::dataplane::Dataplane;
+use crate::dataplane::{Dataplane, DataplaneError};
 use crate::desired::{Change, DesiredState};
 use crate::iptables::Iptables;
 use crate::latency;
-use crate::loader::{self, MapSizes};
+use crate::loader::{self, fence::Fence, maps::BpfMaps, MapSizes};
 use crate::metrics::{self, FrontendCounters, Metrics, Shared};
 use crate::model::{ObjectKey, ServiceName, ServiceSpec, SliceName, SliceSpec};
+use crate::sockets::Sweeper;
 use crate::source::api::ApiSource;
 use crate::source::manifests::ManifestDir;
 use crate::source::{Kind, Resource, Source, SourceConfig, SourceError, SourceEvent};
@@ -20,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 /// Which data path programs the services.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +70,12 @@ pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
     }
     match opts.mode {
         Mode::Ebpf => {
-            let (maps, attach) = loader::load(&opts.bpffs, &opts.cgroup, opts.sizes)?;
+            let loader::Loaded {
+                maps,
+                attach,
+                fence,
+                udp_destroyer,
+            } = loader::load(&opts.bpffs, &opts.cgroup, opts.sizes)?;
             let services = maps.services()?;
             let backends = maps.backends()?;
             tracing::info!(
@@ -98,28 +104,128 @@ pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
                         Some(FrontendCounters {
                             service: svc.to_string(),
                             frontend: key.to_string(),
-                            translations: c.translations,
-                            refused: c.refused,
+                            counters: c,
                         })
                     })
                     .collect()
             });
-            serve(opts, engine, Some(kernel)).await
+            let sweeper = udp_destroyer.and_then(|d| {
+                Sweeper::start(d, opts.cgroup.clone())
+                    .map_err(|e| tracing::error!(error = %e, "starting the UDP socket sweeper"))
+                    .ok()
+            });
+            let shared = Arc::new(Shared::new(Some(kernel)));
+            let (retry_tx, retry_rx) = mpsc::channel(1);
+            let after = spawn_reclaimer(engine.clone(), fence, shared.clone(), retry_tx);
+            let hooks = EbpfHooks {
+                engine: engine.clone(),
+                reclaim: after,
+                sweeper,
+            };
+            serve(opts, engine, shared, Some(Box::new(hooks)), retry_rx).await
         }
-        Mode::Iptables => serve(opts, Arc::new(Mutex::new(Iptables::new())), None).await,
+        Mode::Iptables => {
+            let (_retry_tx, retry_rx) = mpsc::channel(1);
+            let shared = Arc::new(Shared::new(None));
+            serve(
+                opts,
+                Arc::new(Mutex::new(Iptables::new())),
+                shared,
+                None,
+                retry_rx,
+            )
+            .await
+        }
     }
+}
+
+/// What the eBPF data path does after each batch: hand removed UDP backends to the
+/// sweeper, and wake the reclaimer.
+struct EbpfHooks {
+    engine: Arc<Mutex<MapSync<BpfMaps>>>,
+    reclaim: Arc<Notify>,
+    sweeper: Option<Sweeper>,
+}
+
+trait AfterBatch: Send {
+    fn after_batch(&self);
+}
+
+impl AfterBatch for EbpfHooks {
+    fn after_batch(&self) {
+        let removed = {
+            let mut engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+            engine.take_removed_udp()
+        };
+        if let Some(s) = &self.sweeper {
+            s.removed(removed);
+        }
+        self.reclaim.notify_one();
+    }
+}
+
+/// Reclaims retired slots and ids after grace periods, off the event loop: a grace period
+/// (an RCU synchronisation in the kernel) takes milliseconds, and nothing waits for it but
+/// the reuse of what it frees. When ids were freed, services that found the map full are
+/// tried again.
+fn spawn_reclaimer(
+    engine: Arc<Mutex<MapSync<BpfMaps>>>,
+    fence: Fence,
+    shared: Arc<Shared>,
+    retry: mpsc::Sender<()>,
+) -> Arc<Notify> {
+    let notify = Arc::new(Notify::new());
+    let wake = notify.clone();
+    let fence = Arc::new(fence);
+    tokio::spawn(async move {
+        loop {
+            wake.notified().await;
+            loop {
+                let grace = engine
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .begin_grace();
+                let Some(g) = grace else { break };
+                let f = fence.clone();
+                match tokio::task::spawn_blocking(move || f.wait()).await {
+                    Ok(Ok(took)) => shared.metrics.grace_period.observe(took.as_secs_f64()),
+                    other => {
+                        // Without a grace period nothing may be reclaimed: keep it retired.
+                        tracing::error!(result = ?other.map(|r| r.map(|_| ())), "grace period failed; retrying later");
+                        shared.metrics.error("grace_period");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        continue;
+                    }
+                }
+                let done = engine
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .end_grace(g);
+                match done {
+                    Ok(r) => {
+                        shared.metrics.reclaimed.inc_by(r.slots as u64);
+                        if r.ids > 0 {
+                            let _ = retry.try_send(());
+                        }
+                    }
+                    Err(e) => {
+                        shared.metrics.error(e.kind());
+                        tracing::error!(error = %e, "reclaiming retired slots");
+                    }
+                }
+            }
+        }
+    });
+    notify
 }
 
 async fn serve<D: Dataplane + Send + 'static>(
     opts: RunOptions,
     dataplane: Arc<Mutex<D>>,
-    kernel: Option<metrics::KernelCounters>,
+    shared: Arc<Shared>,
+    hooks: Option<Box<dyn AfterBatch>>,
+    mut retry: mpsc::Receiver<()>,
 ) -> Result<(), DaemonError> {
-    let shared = Arc::new(Shared {
-        metrics: Metrics::default(),
-        ready: Default::default(),
-        kernel,
-    });
     if opts.mode == Mode::Ebpf {
         shared
             .metrics
@@ -149,17 +255,23 @@ async fn serve<D: Dataplane + Send + 'static>(
     let mut initial_done = false;
     let started = Instant::now();
     let mut triggers = latency::Pending::new(SystemTime::now());
+    // Services a full map kept from being programmed; tried again when room is freed.
+    let mut unprogrammed: HashSet<ServiceName> = HashSet::new();
     loop {
         let first = tokio::select! {
             _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping; pinned state stays in force"); break }
             _ = sigint.recv() => { tracing::info!("SIGINT: stopping; pinned state stays in force"); break }
+            Some(()) = retry.recv() => {
+                affected.extend(unprogrammed.drain());
+                None
+            }
             ev = rx.recv() => match ev {
-                Some(ev) => ev,
+                Some(ev) => Some(ev),
                 None => { tracing::error!("the source ended; stopping"); break }
             },
         };
         let t0 = Instant::now();
-        let mut batch = vec![first];
+        let mut batch: Vec<SourceEvent> = first.into_iter().collect();
         while batch.len() < BATCH {
             match rx.try_recv() {
                 Ok(ev) => batch.push(ev),
@@ -194,6 +306,9 @@ async fn serve<D: Dataplane + Send + 'static>(
                 let frontends = desired.frontends(&svc);
                 for e in dp.update(&svc, &frontends) {
                     shared.metrics.error(e.kind());
+                    if matches!(e, DataplaneError::Full { .. }) {
+                        unprogrammed.insert(svc.clone());
+                    }
                     tracing::error!(service = %svc, error = %e, "service not fully programmed");
                 }
             }
@@ -221,6 +336,9 @@ async fn serve<D: Dataplane + Send + 'static>(
         }
         let fill = dp.fill();
         drop(dp);
+        if let Some(h) = &hooks {
+            h.after_batch();
+        }
         let took = t0.elapsed();
         shared.metrics.sync_duration.observe(took.as_secs_f64());
         shared.metrics.services.set(desired.service_count() as i64);

@@ -164,7 +164,7 @@ impl DesiredState {
 
     /// The frontends of a service (empty if it does not exist): for each cluster IP and
     /// port, the ready endpoints of the slices of the same family whose port has the same
-    /// name and protocol.
+    /// name and protocol; when none is ready, the serving terminating ones (KEP-1669).
     pub fn frontends(&self, name: &ServiceName) -> Frontends {
         let mut out = Frontends::new();
         let Some(spec) = self.services.get(name) else {
@@ -180,7 +180,8 @@ impl DesiredState {
         for ip in &spec.cluster_ips {
             let family = Family::of(ip);
             for sp in &spec.ports {
-                let mut backends = BTreeSet::new();
+                let mut ready = BTreeSet::new();
+                let mut fallback = BTreeSet::new();
                 for slice in slices.iter().filter(|s| s.family == family) {
                     let Some(port) = slice
                         .ports
@@ -189,11 +190,19 @@ impl DesiredState {
                     else {
                         continue;
                     };
-                    backends.extend(slice.ready.iter().map(|ip| Endpoint {
-                        ip: *ip,
-                        port: port.port,
-                    }));
+                    for ep in &slice.endpoints {
+                        let e = Endpoint {
+                            ip: ep.ip,
+                            port: port.port,
+                        };
+                        if ep.ready {
+                            ready.insert(e);
+                        } else if ep.serving_terminating() {
+                            fallback.insert(e);
+                        }
+                    }
                 }
+                let backends = if ready.is_empty() { fallback } else { ready };
                 out.insert(
                     FrontendKey {
                         ip: *ip,
@@ -215,7 +224,7 @@ impl DesiredState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ObjectKey, PortName, ServicePort, SlicePort};
+    use crate::model::{ObjectKey, PortName, ServicePort, SliceEndpoint, SlicePort};
 
     pub(crate) fn svc(name: &str, ip: &str, port: u16) -> (ServiceName, ServiceSpec) {
         (
@@ -243,7 +252,10 @@ mod tests {
                     port: Port::new(port).unwrap(),
                     protocol: Protocol::Tcp,
                 }],
-                ready: ips.iter().map(|i| i.parse().unwrap()).collect(),
+                endpoints: ips
+                    .iter()
+                    .map(|i| SliceEndpoint::ready(i.parse().unwrap()))
+                    .collect(),
             },
         )
     }
@@ -263,6 +275,44 @@ mod tests {
         let f = d.frontends(&n);
         assert_eq!(f.len(), 1);
         assert_eq!(f.values().next().unwrap().backends.len(), 3);
+    }
+
+    #[test]
+    fn serving_terminating_endpoints_serve_only_when_none_is_ready() {
+        let mut d = DesiredState::default();
+        let (n, s) = svc("web", "10.96.0.1", 80);
+        d.apply(Change::Service(n.clone(), Some(s))).unwrap();
+        let (sn, mut ss) = slice("web-a", "web", 8080, &["10.244.0.1", "10.244.0.2"]);
+        ss.endpoints[1] = SliceEndpoint {
+            ready: false,
+            terminating: true,
+            ..ss.endpoints[1].clone()
+        };
+        d.apply(Change::Slice(sn.clone(), Some(ss.clone())))
+            .unwrap();
+        let ips = |d: &DesiredState| -> Vec<String> {
+            d.frontends(&n)
+                .values()
+                .next()
+                .unwrap()
+                .backends
+                .iter()
+                .map(|e| e.ip.to_string())
+                .collect()
+        };
+        assert_eq!(ips(&d), ["10.244.0.1"]);
+        // The last ready one starts terminating too: both serve until they stop serving.
+        ss.endpoints[0] = SliceEndpoint {
+            ready: false,
+            terminating: true,
+            ..ss.endpoints[0].clone()
+        };
+        d.apply(Change::Slice(sn.clone(), Some(ss.clone())))
+            .unwrap();
+        assert_eq!(ips(&d), ["10.244.0.1", "10.244.0.2"]);
+        ss.endpoints[0].serving = false;
+        d.apply(Change::Slice(sn, Some(ss))).unwrap();
+        assert_eq!(ips(&d), ["10.244.0.2"]);
     }
 
     #[test]

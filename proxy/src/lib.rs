@@ -17,5 +17,6 @@ pub mod loader;
 pub mod metrics;
 pub mod model;
 pub mod probe;
+pub mod sockets;
 pub mod source;
 pub mod sync;

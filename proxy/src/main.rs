@@ -32,8 +32,17 @@ enum SourceArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ProbeProto {
+    /// HTTP/1.0 GET per attempt.
     Http,
+    /// One datagram per attempt from an unconnected socket.
     Udp,
+    /// A bare TCP connect per attempt, closed with a reset.
+    Connect,
+    /// One TCP connection held open; its peer printed again per line on stdin.
+    Hold,
+    /// One connected UDP socket sending every 20 ms until stdin closes; reconnects after
+    /// an error.
+    UdpConnected,
 }
 
 const DEFAULT_BPFFS: &str = "/sys/fs/bpf/skiff";
@@ -73,9 +82,6 @@ enum Command {
         /// Capacity of the backends map (slots over all frontends).
         #[arg(long, default_value_t = MapSizes::default().backends)]
         max_backends: u32,
-        /// Capacity of the reverse-translation LRU (recvmsg/getpeername).
-        #[arg(long, default_value_t = MapSizes::default().revnat)]
-        max_revnat: u32,
         /// Capacity of the sessionAffinity LRU.
         #[arg(long, default_value_t = MapSizes::default().affinity)]
         max_affinity: u32,
@@ -101,6 +107,9 @@ enum Command {
         /// Keep probing until standard input is closed; print failures only.
         #[arg(long)]
         until_stdin_closes: bool,
+        /// Print failed attempts only.
+        #[arg(long)]
+        failures_only: bool,
     },
 }
 
@@ -136,7 +145,6 @@ fn main() -> Result<()> {
             metrics,
             max_services,
             max_backends,
-            max_revnat,
             max_affinity,
         } => {
             let opts = RunOptions {
@@ -160,7 +168,6 @@ fn main() -> Result<()> {
                 sizes: MapSizes {
                     services: max_services,
                     backends: max_backends,
-                    revnat: max_revnat,
                     affinity: max_affinity,
                 },
             };
@@ -182,16 +189,28 @@ fn main() -> Result<()> {
             address,
             count,
             until_stdin_closes,
+            failures_only,
         } => {
             let proto = match protocol {
                 ProbeProto::Http => proxy::probe::Protocol::Http,
                 ProbeProto::Udp => proxy::probe::Protocol::Udp,
+                ProbeProto::Connect => proxy::probe::Protocol::Connect,
+                ProbeProto::Hold => {
+                    return Ok(proxy::probe::hold(address, &mut std::io::stdout().lock())?)
+                }
+                ProbeProto::UdpConnected => {
+                    return Ok(proxy::probe::udp_connected(
+                        address,
+                        &mut std::io::stdout().lock(),
+                    )?)
+                }
             };
             let (ok, failed) = proxy::probe::run(
                 proto,
                 address,
                 count,
                 until_stdin_closes,
+                failures_only,
                 &mut std::io::stdout().lock(),
             )?;
             eprintln!("{ok} ok, {failed} failed");

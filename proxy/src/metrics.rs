@@ -21,6 +21,10 @@ pub struct Metrics {
     pub network_programming: Histogram,
     pub events: Counter,
     pub services: Gauge,
+    /// Seconds one grace period took (retired slots and ids wait for it).
+    pub grace_period: Histogram,
+    /// Backend slots deleted after their grace period.
+    pub reclaimed: Counter,
     errors: Family<Labels, Counter>,
     input_errors: Family<Labels, Counter>,
     map_entries: Family<Labels, Gauge>,
@@ -34,6 +38,8 @@ impl Default for Metrics {
         let network_programming = Histogram::new(exponential_buckets(0.001, 2.0, 20));
         let events = Counter::default();
         let services = Gauge::default();
+        let grace_period = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
+        let reclaimed = Counter::default();
         let errors = Family::<Labels, Counter>::default();
         let input_errors = Family::<Labels, Counter>::default();
         let map_entries = Family::<Labels, Gauge>::default();
@@ -59,8 +65,18 @@ impl Default for Metrics {
             services.clone(),
         );
         registry.register(
+            "grace_period_seconds",
+            "Time one grace period took before retired backend slots and frontend ids were reclaimed",
+            grace_period.clone(),
+        );
+        registry.register(
+            "reclaimed_slots",
+            "Backend slots deleted once no reader could hold them",
+            reclaimed.clone(),
+        );
+        registry.register(
             "errors",
-            "Data path errors by kind (map_full, map_write, iptables)",
+            "Data path errors by kind (map_full, map_write, iptables, grace_period)",
             errors.clone(),
         );
         registry.register(
@@ -80,6 +96,8 @@ impl Default for Metrics {
             network_programming,
             events,
             services,
+            grace_period,
+            reclaimed,
             errors,
             input_errors,
             map_entries,
@@ -124,8 +142,7 @@ impl Metrics {
 pub struct FrontendCounters {
     pub service: String,
     pub frontend: String,
-    pub translations: u64,
-    pub refused: u64,
+    pub counters: proxy_common::ServiceCounters,
 }
 
 pub type KernelCounters = Box<dyn Fn() -> Vec<FrontendCounters> + Send + Sync>;
@@ -136,6 +153,16 @@ pub struct Shared {
     /// Set once the first full sync is done.
     pub ready: AtomicBool,
     pub kernel: Option<KernelCounters>,
+}
+
+impl Shared {
+    pub fn new(kernel: Option<KernelCounters>) -> Shared {
+        Shared {
+            metrics: Metrics::default(),
+            ready: AtomicBool::new(false),
+            kernel,
+        }
+    }
 }
 
 fn escape(s: &str) -> String {
@@ -152,12 +179,22 @@ fn render(shared: &Shared) -> String {
             (
                 "skiff_proxy_translations",
                 "Connections and datagrams translated to a backend, per frontend (kernel counter)",
-                (|c: &FrontendCounters| c.translations) as fn(&FrontendCounters) -> u64,
+                (|c: &FrontendCounters| c.counters.translations) as fn(&FrontendCounters) -> u64,
             ),
             (
                 "skiff_proxy_refused",
-                "Connections refused because the frontend had no ready backend (kernel counter)",
-                |c: &FrontendCounters| c.refused,
+                "Connections refused because the frontend had no usable backend (kernel counter)",
+                |c: &FrontendCounters| c.counters.refused,
+            ),
+            (
+                "skiff_proxy_missed_slots",
+                "Backend slots found empty by a connect (must stay zero: the sync engine keeps slots until no reader holds them; kernel counter)",
+                |c: &FrontendCounters| c.counters.missed,
+            ),
+            (
+                "skiff_proxy_denied",
+                "Connections and packets denied by loadBalancerSourceRanges (kernel counter)",
+                |c: &FrontendCounters| c.counters.denied,
             ),
         ] {
             out.push_str(&format!("# HELP {name} {help}.\n# TYPE {name} counter\n"));

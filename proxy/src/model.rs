@@ -192,13 +192,45 @@ impl Family {
     }
 }
 
-/// What the proxy needs of an EndpointSlice: its service, its ports, its ready addresses.
+/// One endpoint of a slice, with the conditions the proxy acts on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub ip: IpAddr,
+    /// May receive new connections.
+    pub ready: bool,
+    /// Able to answer (a terminating pod that still passes its readiness probe).
+    pub serving: bool,
+    pub terminating: bool,
+    /// The node it runs on (for traffic policies Local).
+    pub node: Option<String>,
+}
+
+impl SliceEndpoint {
+    /// A ready endpoint (tests and simple sources).
+    pub fn ready(ip: IpAddr) -> SliceEndpoint {
+        SliceEndpoint {
+            ip,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node: None,
+        }
+    }
+
+    /// Terminating but still serving: used only when no endpoint is ready (KEP-1669), so a
+    /// rolling update of a single replica does not refuse connections.
+    pub fn serving_terminating(&self) -> bool {
+        !self.ready && self.serving && self.terminating
+    }
+}
+
+/// What the proxy needs of an EndpointSlice: its service, its ports, its endpoints.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SliceSpec {
     pub service: ServiceName,
     pub family: Family,
     pub ports: Vec<SlicePort>,
-    pub ready: Vec<IpAddr>,
+    pub endpoints: Vec<SliceEndpoint>,
 }
 
 /// Why an object cannot be programmed.
@@ -323,11 +355,17 @@ impl SliceSpec {
                 protocol: Protocol::parse(p.protocol.as_deref())?,
             });
         }
-        let mut ready = Vec::new();
+        let mut endpoints = Vec::new();
         for ep in &slice.endpoints {
-            // Unknown readiness counts as ready, as the EndpointSlice API defines.
-            let is_ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            if !is_ready {
+            // As the EndpointSlice API defines them: unknown readiness and serving count as
+            // true, unknown terminating as false.
+            let c = ep.conditions.as_ref();
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            // Neither ready nor a serving terminating fallback: nothing the proxy uses.
+            let usable = ready || (serving && terminating);
+            if !usable {
                 continue;
             }
             // Consumers use the first address only (the API says the others are ignored).
@@ -340,7 +378,13 @@ impl SliceSpec {
             if Family::of(&ip) != family {
                 return Err(ModelError::FamilyMismatch(ip));
             }
-            ready.push(ip);
+            endpoints.push(SliceEndpoint {
+                ip,
+                ready,
+                serving,
+                terminating,
+                node: ep.node_name.clone().filter(|n| !n.is_empty()),
+            });
         }
         Ok(Some((
             key.clone(),
@@ -348,7 +392,7 @@ impl SliceSpec {
                 service: ServiceName(ObjectKey::new(key.0.namespace, service.clone())),
                 family,
                 ports,
-                ready,
+                endpoints,
             },
         )))
     }
@@ -426,16 +470,28 @@ mod tests {
             "addressType": "IPv4",
             "ports": [{"name": "http", "port": 8080}],
             "endpoints": [
-                {"addresses": ["10.244.0.2"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.0.2"], "conditions": {"ready": true}, "nodeName": "n1"},
                 {"addresses": ["10.244.0.3"], "conditions": {"ready": false}},
-                {"addresses": ["10.244.0.4"]}
+                {"addresses": ["10.244.0.4"]},
+                {"addresses": ["10.244.0.5"],
+                 "conditions": {"ready": false, "serving": true, "terminating": true}}
             ]
         }))
         .unwrap();
         let (name, spec) = SliceSpec::from_k8s(&slice).unwrap().unwrap();
         assert_eq!(name.to_string(), "shop/web-abc");
         assert_eq!(spec.service.to_string(), "shop/web");
-        assert_eq!(spec.ready.len(), 2);
+        let ready: Vec<String> = spec
+            .endpoints
+            .iter()
+            .filter(|e| e.ready)
+            .map(|e| e.ip.to_string())
+            .collect();
+        assert_eq!(ready, ["10.244.0.2", "10.244.0.4"]);
+        assert_eq!(spec.endpoints[0].node.as_deref(), Some("n1"));
+        // Not ready and not serving: left out; serving and terminating: kept as a fallback.
+        assert_eq!(spec.endpoints.len(), 3);
+        assert!(spec.endpoints[2].serving_terminating());
         assert_eq!(spec.ports[0].port.get(), 8080);
     }
 }

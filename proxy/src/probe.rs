@@ -104,30 +104,150 @@ pub fn udp_once(addr: SocketAddr, payload: &[u8]) -> io::Result<(String, SocketA
     Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), from))
 }
 
+/// A bare TCP connect, closed with a reset (no TIME_WAIT): for connection churn.
+pub fn connect_once(addr: SocketAddr) -> io::Result<(String, SocketAddr)> {
+    let s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    let peer = s.peer_addr()?;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a correctly sized option value.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((String::new(), peer))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     Http,
     Udp,
+    Connect,
+}
+
+/// Holds one TCP connection: prints the peer the socket reports right after connect(),
+/// then again for every line read on standard input, until it closes. A long-lived
+/// connection's view of its peer, asked while other traffic comes and goes.
+pub fn hold(addr: SocketAddr, out: &mut impl Write) -> io::Result<()> {
+    let started = std::time::Instant::now();
+    let s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    let report = |out: &mut dyn Write| -> io::Result<()> {
+        let a = Attempt::from_result(
+            s.peer_addr().map(|p| (String::new(), p)),
+            started.elapsed().as_millis() as u64,
+        );
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&a).map_err(io::Error::other)?
+        )?;
+        out.flush()
+    };
+    report(out)?;
+    for line in io::stdin().lines() {
+        line?;
+        report(out)?;
+    }
+    Ok(())
+}
+
+/// A connected UDP socket that sends a datagram every 20 ms until standard input closes.
+/// Prints a line when the answering backend changes and one per error; after an error (the
+/// proxy destroyed the socket: its backend was removed) it connects again.
+pub fn udp_connected(addr: SocketAddr, out: &mut impl Write) -> io::Result<()> {
+    let stop = stdin_closed();
+    let started = std::time::Instant::now();
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let open = || -> io::Result<UdpSocket> {
+        let s = UdpSocket::bind(bind)?;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        s.connect(addr)?;
+        Ok(s)
+    };
+    let mut sock = open()?;
+    let mut last: Option<String> = None;
+    let mut buf = [0u8; 2048];
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let r = sock
+            .send(b"probe")
+            .and_then(|_| sock.recv(&mut buf))
+            .and_then(|n| {
+                Ok((
+                    String::from_utf8_lossy(&buf[..n]).into_owned(),
+                    sock.peer_addr()?,
+                ))
+            });
+        let at_ms = started.elapsed().as_millis() as u64;
+        match r {
+            Ok((reply, peer)) if last.as_deref() != Some(reply.as_str()) => {
+                last = Some(reply.clone());
+                let a = Attempt::from_result(Ok((reply, peer)), at_ms);
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string(&a).map_err(io::Error::other)?
+                )?;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let a = Attempt::from_result(Err(e), at_ms);
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string(&a).map_err(io::Error::other)?
+                )?;
+                last = None;
+                sock = open()?;
+            }
+        }
+        out.flush()?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// A flag set once standard input reaches EOF.
+fn stdin_closed() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = io::stdin().read_to_end(&mut sink);
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    stop
 }
 
 /// Runs `count` attempts (or, with `until_stdin_closes`, attempts until standard input
-/// reaches EOF), printing each as JSON; returns (ok, failed).
+/// reaches EOF), printing each as JSON (only failures when `failures_only`, or in the
+/// loop); returns (ok, failed).
 pub fn run(
     proto: Protocol,
     addr: SocketAddr,
     count: u64,
     until_stdin_closes: bool,
+    failures_only: bool,
     out: &mut impl Write,
 ) -> io::Result<(u64, u64)> {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    if until_stdin_closes {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = io::stdin().read_to_end(&mut sink);
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        });
-    }
+    let stop = if until_stdin_closes {
+        stdin_closed()
+    } else {
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))
+    };
     let started = std::time::Instant::now();
     let (mut ok, mut failed) = (0, 0);
     let mut i = 0;
@@ -144,6 +264,7 @@ pub fn run(
             match proto {
                 Protocol::Http => http_once(addr),
                 Protocol::Udp => udp_once(addr, b"probe"),
+                Protocol::Connect => connect_once(addr),
             },
             started.elapsed().as_millis() as u64,
         );
@@ -153,7 +274,7 @@ pub fn run(
             failed += 1;
         }
         // In loop mode only failures are worth a line each.
-        if !until_stdin_closes || !attempt.ok {
+        if !(until_stdin_closes || failures_only) || !attempt.ok {
             writeln!(
                 out,
                 "{}",

@@ -36,6 +36,7 @@ both_modes!(
     client_ip_affinity_sticks,
     ipv6_service,
     bad_input_never_disturbs_programmed_services,
+    serving_terminating_endpoints_take_over_when_none_is_ready,
 );
 
 fn ip(s: &str) -> IpAddr {
@@ -341,6 +342,78 @@ fn bad_input_never_disturbs_programmed_services(mode: Mode) {
         Ok(b) if b == "b2" => Ok(()),
         other => Err(other),
     });
+}
+
+/// KEP-1669: a service whose every endpoint is terminating but still serving keeps
+/// answering from them, instead of refusing (a single-replica rolling update).
+fn serving_terminating_endpoints_take_over_when_none_is_ready(mode: Mode) {
+    let (w, vip) = web(mode, &["127.0.0.2"]);
+    let _b1 = w.http_backend(ip("127.0.0.2"), 8080, "b1");
+    let _b2 = w.http_backend(ip("127.0.0.3"), 8080, "b2");
+    assert_eq!(w.ask(vip), Ok("b1".into()));
+    // Each write also adds a sentinel service (a new address, answered by b2): once it
+    // answers, everything before it in the file has been applied.
+    let sentinel = std::cell::Cell::new(20u8);
+    let write = |eps: &[(IpAddr, Cond, Option<&str>)]| {
+        let n = sentinel.get() + 1;
+        sentinel.set(n);
+        let probe = SocketAddr::new(w.vip(n), 80);
+        w.write(
+            "web.yaml",
+            &format!(
+                "{}---\n{}---\n{}---\n{}",
+                service("web", &[vip.ip()], HTTP, ""),
+                slice_of("web-1", "web", HTTP_TARGET, eps),
+                service(&format!("sentinel{n}"), &[probe.ip()], HTTP, ""),
+                slice_of(
+                    &format!("sentinel{n}-1"),
+                    &format!("sentinel{n}"),
+                    HTTP_TARGET,
+                    &[(ip("127.0.0.3"), Cond::Ready, None)]
+                ),
+            ),
+        );
+        wait_until("the change is applied", WAIT, || match w.ask(probe) {
+            Ok(b) if b == "b2" => Ok(()),
+            other => Err(other),
+        });
+    };
+    // b1 terminates but still serves, and nothing else is ready: b1 keeps answering.
+    write(&[(ip("127.0.0.2"), Cond::ServingTerminating, None)]);
+    // b2 joins not yet ready: still b1 (the change was applied: b2 is in the file).
+    write(&[
+        (ip("127.0.0.2"), Cond::ServingTerminating, None),
+        (ip("127.0.0.3"), Cond::NotReady, None),
+    ]);
+    // Every new connection is answered by `backend` (the change is applied: `write` waited).
+    let only = |backend: &str| {
+        let attempts = w.probe("http", vip, 20);
+        assert!(
+            attempts
+                .iter()
+                .all(|a| a.ok && a.reply.as_deref() == Some(backend)),
+            "{attempts:?}"
+        );
+    };
+    only("b1");
+    // b2 becomes ready: new connections go to the ready one only.
+    write(&[
+        (ip("127.0.0.2"), Cond::ServingTerminating, None),
+        (ip("127.0.0.3"), Cond::Ready, None),
+    ]);
+    only("b2");
+    // b1 stops serving and b2 terminates too: only b2, still serving, answers.
+    write(&[
+        (ip("127.0.0.2"), Cond::Terminating, None),
+        (ip("127.0.0.3"), Cond::ServingTerminating, None),
+    ]);
+    only("b2");
+    // Nothing serving: refused.
+    write(&[
+        (ip("127.0.0.2"), Cond::Terminating, None),
+        (ip("127.0.0.3"), Cond::Terminating, None),
+    ]);
+    assert_eq!(w.ask(vip), Err(Some(ECONNREFUSED)));
 }
 
 /// eBPF-only behaviour.

@@ -111,6 +111,8 @@ impl BpfMaps {
             .fold(ServiceCounters::default(), |a, c| ServiceCounters {
                 translations: a.translations + c.translations,
                 refused: a.refused + c.refused,
+                missed: a.missed + c.missed,
+                denied: a.denied + c.denied,
             }))
     }
 }

@@ -4,14 +4,17 @@
 //! existing links atomically, so routing never stops.
 
 mod bpffs;
+pub mod fence;
 mod link;
 pub mod maps;
 mod object;
+mod sys;
+pub mod udp_iter;
 
 use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr};
 use aya::EbpfLoader;
 use maps::BpfMaps;
-use proxy_common::{MAP_AFFINITY, MAP_BACKENDS, MAP_COUNTERS, MAP_REVNAT, MAP_SERVICES};
+use proxy_common::{MAP_AFFINITY, MAP_BACKENDS, MAP_COUNTERS, MAP_SERVICES, MAP_SOCK_REVNAT};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
@@ -32,7 +35,6 @@ pub const PROGRAMS: [&str; 8] = [
 pub struct MapSizes {
     pub services: u32,
     pub backends: u32,
-    pub revnat: u32,
     pub affinity: u32,
 }
 
@@ -41,7 +43,6 @@ impl Default for MapSizes {
         MapSizes {
             services: 65_536,
             backends: 262_144,
-            revnat: 262_144,
             affinity: 65_536,
         }
     }
@@ -90,6 +91,19 @@ pub enum LoadError {
     },
     #[error(transparent)]
     Maps(#[from] maps::MapsError),
+    #[error("the grace-period fence map: {0}")]
+    Fence(std::io::Error),
+}
+
+/// What `load` hands the daemon.
+pub struct Loaded {
+    pub maps: BpfMaps,
+    pub attach: Attach,
+    /// Waits out readers before retired slots and ids are reclaimed.
+    pub fence: fence::Fence,
+    /// Destroys connected UDP sockets to removed backends; `None` on kernels without
+    /// `bpf_sock_destroy` (before 6.5), where such sockets keep their backend.
+    pub udp_destroyer: Option<udp_iter::UdpDestroyer>,
 }
 
 /// How the programs got attached.
@@ -103,7 +117,7 @@ pub enum Attach {
 
 /// Loads the programs, attaches them to `cgroup`, pins everything under `bpffs` and
 /// returns the maps for the sync engine.
-pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<(BpfMaps, Attach), LoadError> {
+pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<Loaded, LoadError> {
     let bpffs_err = |source| LoadError::Bpffs {
         path: bpffs.display().to_string(),
         source,
@@ -115,9 +129,11 @@ pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<(BpfMaps, At
     std::fs::create_dir_all(&links).map_err(bpffs_err)?;
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(&maps)
+        // A BTF map carries no pinning attribute: pinned by path, so live sockets keep
+        // their reverse translations across a restart.
+        .map_pin_path(MAP_SOCK_REVNAT, maps.join(MAP_SOCK_REVNAT))
         .map_max_entries(MAP_SERVICES, sizes.services)
         .map_max_entries(MAP_BACKENDS, sizes.backends)
-        .map_max_entries(MAP_REVNAT, sizes.revnat)
         .map_max_entries(MAP_AFFINITY, sizes.affinity)
         // Counters are indexed by frontend id, which is below the services capacity.
         .map_max_entries(MAP_COUNTERS, sizes.services)
@@ -168,8 +184,36 @@ pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<(BpfMaps, At
                 .map_err(|source| LoadError::Pin { name, source })?;
         }
     }
+    let udp_destroyer = load_udp_destroyer(&ebpf);
     let maps = BpfMaps::from_loaded(&mut ebpf)?;
-    Ok((maps, attach))
+    Ok(Loaded {
+        maps,
+        attach,
+        fence: fence::Fence::new().map_err(LoadError::Fence)?,
+        udp_destroyer,
+    })
+}
+
+fn load_udp_destroyer(ebpf: &aya::Ebpf) -> Option<udp_iter::UdpDestroyer> {
+    let revnat = ebpf.map(MAP_SOCK_REVNAT).and_then(|m| match m {
+        aya::maps::Map::SkStorage(data) => data.fd().as_fd().try_clone_to_owned().ok(),
+        _ => None,
+    });
+    let result = aya::Btf::from_sys_fs()
+        .map_err(|e| udp_iter::IterError::Btf(e.to_string()))
+        .and_then(|btf| match &revnat {
+            Some(fd) => udp_iter::UdpDestroyer::load(&btf, fd),
+            None => Err(udp_iter::IterError::Btf(format!(
+                "{MAP_SOCK_REVNAT} is missing from the object"
+            ))),
+        });
+    match result {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!(error = %e, "connected UDP sockets to removed backends will not be destroyed");
+            None
+        }
+    }
 }
 
 /// Removes every pin under `bpffs` (links first: the programs detach), for `proxy reset`.

@@ -205,7 +205,7 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Result<Doc, InputError>>, InputE
             .collect::<Result<_, _>>()
             .map_err(|e| InputError::Malformed(e.to_string()))?
     } else {
-        serde_saphyr::from_multiple::<Value>(text)
+        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options(text.len()))
             .map_err(|e| InputError::Malformed(e.to_string()))?
     };
     let mut docs = Vec::new();
@@ -213,6 +213,23 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Result<Doc, InputError>>, InputE
         flatten(v, &mut docs);
     }
     Ok(docs.into_iter().map(decode).collect())
+}
+
+/// The YAML parser's budget for a file of `len` bytes. Its defaults cap a stream at 1,024
+/// documents and 250,000 nodes: a guard against separator storms that also refuses an
+/// honest export of a thousand Services with their slices. Every document and node takes
+/// at least one byte of input unless an alias repeats it, so limits proportional to the
+/// input refuse nothing honest, while the alias limits (absolute caps and the
+/// aliases-per-anchor ratio) still refuse billion-laughs expansions.
+fn yaml_options(len: usize) -> serde_saphyr::Options {
+    let defaults = serde_saphyr::Budget::default();
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_documents: defaults.max_documents.max(len / 4 + 1),
+            max_nodes: defaults.max_nodes.max(len),
+            max_events: defaults.max_events.max(2 * len),
+        },
+    }
 }
 
 /// Expands `kind: List` (and `*List`) documents into their items; drops empty documents.
@@ -333,6 +350,48 @@ endpoints: [{addresses: [10.244.0.1]}]
         // File removed: everything it held goes.
         std::fs::remove_file(&p).unwrap();
         assert_eq!(kinds(&st.reload(&p)), ["delete-Service"]);
+    }
+
+    /// An export of 1,000 Services with their slices (2,000 documents) is read whole.
+    #[test]
+    fn thousands_of_documents_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("many.yaml");
+        let mut text = String::new();
+        for i in 0..1000 {
+            text.push_str(&TWO.replace("web", &format!("web{i}")).replace(
+                "clusterIP: 10.96.0.1",
+                &format!("clusterIP: 10.96.{}.{}", i / 250, i % 250 + 1),
+            ));
+            text.push_str("---\n");
+        }
+        let mut st = DirState::default();
+        let evs = st.reload(&p_write(&p, &text));
+        assert_eq!(evs.len(), 2000, "{:?}", kinds(&evs[..evs.len().min(3)]));
+        assert!(evs.iter().all(|e| matches!(e, SourceEvent::Apply(_))));
+    }
+
+    /// A billion-laughs file is still refused.
+    #[test]
+    fn alias_bombs_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        let mut prev = 'a';
+        for c in 'b'..='k' {
+            text.push_str(&format!(
+                "{c}: &{c} [{}]\n",
+                vec![format!("*{prev}"); 10].join(", ")
+            ));
+            prev = c;
+        }
+        let mut st = DirState::default();
+        let evs = st.reload(&p_write(&dir.path().join("bomb.yaml"), &text));
+        assert_eq!(kinds(&evs), ["rejected-malformed"]);
+    }
+
+    fn p_write(p: &Path, text: &str) -> PathBuf {
+        std::fs::write(p, text).unwrap();
+        p.to_path_buf()
     }
 
     #[test]

@@ -3,9 +3,17 @@
 //! Per service change it touches only that service's frontends, and per frontend only the
 //! slots that differ. Ordering keeps every intermediate state valid for a connect() running
 //! at the same time: slots are written before the count that exposes them, a frontend's
-//! entry is written after its slots, and slots are deleted only after the count (or the
-//! entry) that exposed them is gone. A kept backend never moves unless the set shrinks
+//! entry is written after its slots. A kept backend never moves unless the set shrinks
 //! below its slot.
+//!
+//! What a reader may still hold is never taken away under it. A kernel program copies a
+//! frontend's count and id, then looks a slot up: slots beyond a lowered count, the slots
+//! of a removed frontend and the frontend's id are therefore *retired*, not freed. They are
+//! deleted (and the id handed out again) only after a grace period: [`MapSync::begin_grace`]
+//! closes an epoch, the caller waits until every program running at that moment has
+//! finished (an RCU grace period, `loader::fence`), and [`MapSync::end_grace`] reclaims
+//! what that epoch retired. So no connect() is refused for a slot that vanished, and none
+//! lands on another service that was given a freed id.
 
 pub mod writer;
 
@@ -30,7 +38,7 @@ struct Programmed {
     slots: Vec<Endpoint>,
 }
 
-/// Frontend ids: dense, reused after removal.
+/// Frontend ids: dense, reused after removal once no reader can hold them.
 #[derive(Debug)]
 struct IdPool {
     next: u32,
@@ -60,13 +68,36 @@ impl IdPool {
     }
 }
 
+/// A closed epoch: what was retired up to it may be reclaimed once every kernel program
+/// running when it was closed has finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a grace period must be ended for its retired entries to be reclaimed"]
+pub struct Grace(u64);
+
+/// What [`MapSync::end_grace`] reclaimed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub slots: usize,
+    pub ids: usize,
+}
+
 pub struct MapSync<W: MapWriter> {
     writer: W,
     limits: Limits,
     programmed: HashMap<FrontendKey, Programmed>,
     owned: HashMap<ServiceName, BTreeSet<FrontendKey>>,
     ids: IdPool,
+    /// Slots exposed by a count, per live id.
+    live_len: HashMap<u32, u32>,
     backends_in_use: u64,
+    /// Slots no count exposes any more, with the epoch that retired them.
+    retired_slots: HashMap<BackendKey, u64>,
+    /// Ids of removed frontends, with the epoch that retired them.
+    quarantined: Vec<(u32, u64)>,
+    epoch: u64,
+    /// UDP backends that left a frontend since the last call to `take_removed_udp`:
+    /// connected UDP sockets to them are destroyed.
+    removed_udp: HashSet<Endpoint>,
     /// Entries found at start that no frontend explains; deleted once the source synced.
     stray_services: Vec<ServiceKey>,
     stray_backends: Vec<BackendKey>,
@@ -97,7 +128,12 @@ impl<W: MapWriter> MapSync<W> {
                 free: Vec::new(),
                 max: limits.max_services,
             },
+            live_len: HashMap::new(),
             backends_in_use: 0,
+            retired_slots: HashMap::new(),
+            quarantined: Vec::new(),
+            epoch: 0,
+            removed_udp: HashSet::new(),
             stray_services: Vec::new(),
             stray_backends: Vec::new(),
         }
@@ -137,6 +173,7 @@ impl<W: MapWriter> MapSync<W> {
                 continue;
             }
             self.backends_in_use += eps.len() as u64;
+            self.live_len.insert(value.id, value.count);
             self.programmed
                 .insert(fkey, Programmed { value, slots: eps });
         }
@@ -162,21 +199,89 @@ impl<W: MapWriter> MapSync<W> {
             .map_err(|e| DataplaneError::Write(format!("{op:?}: {e}")))
     }
 
+    /// Closes the current epoch if anything waits for reclamation. The caller then waits
+    /// for a grace period (every kernel program running now has finished) and hands the
+    /// result to [`MapSync::end_grace`].
+    pub fn begin_grace(&mut self) -> Option<Grace> {
+        if self.retired_slots.is_empty() && self.quarantined.is_empty() {
+            return None;
+        }
+        let g = Grace(self.epoch);
+        self.epoch += 1;
+        Some(g)
+    }
+
+    /// Deletes the slots and frees the ids retired up to `g`: no reader can hold them.
+    pub fn end_grace(&mut self, g: Grace) -> Result<Reclaimed, DataplaneError> {
+        let mut due: Vec<BackendKey> = self
+            .retired_slots
+            .iter()
+            .filter(|(_, e)| **e <= g.0)
+            .map(|(k, _)| *k)
+            .collect();
+        due.sort();
+        let mut done = Reclaimed::default();
+        for k in due {
+            // A slot exposed again since it was retired left the retired set then.
+            debug_assert!(self.live_len.get(&k.service).is_none_or(|n| k.slot >= *n));
+            self.write(MapOp::DelBackend(k))?;
+            self.retired_slots.remove(&k);
+            done.slots += 1;
+        }
+        let (free, keep): (Vec<_>, Vec<_>) = self.quarantined.iter().partition(|(_, e)| *e <= g.0);
+        self.quarantined = keep;
+        for (id, _) in free {
+            self.ids.release(id);
+            done.ids += 1;
+        }
+        Ok(done)
+    }
+
+    /// Whether retired entries wait for a grace period.
+    pub fn reclaim_pending(&self) -> bool {
+        !self.retired_slots.is_empty() || !self.quarantined.is_empty()
+    }
+
+    /// UDP backends that left a frontend since the last call (their connected sockets are
+    /// to be destroyed).
+    pub fn take_removed_udp(&mut self) -> HashSet<Endpoint> {
+        std::mem::take(&mut self.removed_udp)
+    }
+
+    fn retire_slot(&mut self, k: BackendKey) {
+        self.retired_slots.insert(k, self.epoch);
+    }
+
+    fn note_removed(&mut self, key: &FrontendKey, gone: impl Iterator<Item = Endpoint>) {
+        if key.protocol == crate::model::Protocol::Udp {
+            self.removed_udp.extend(gone);
+        }
+    }
+
     fn remove(&mut self, key: &FrontendKey) -> Result<(), DataplaneError> {
         let Some(p) = self.programmed.get(key).cloned() else {
             return Ok(());
         };
-        // The entry goes first: no new connect can reach the slots after it.
+        // The entry goes first: no new connect can reach the slots after it. The slots and
+        // the id stay until no reader can hold them.
         self.write(MapOp::DelService(service_key(key)))?;
         for slot in 0..p.slots.len() as u32 {
-            self.write(MapOp::DelBackend(BackendKey {
+            self.retire_slot(BackendKey {
                 service: p.value.id,
                 slot,
-            }))?;
+            });
         }
         self.programmed.remove(key);
-        self.ids.release(p.value.id);
+        self.live_len.remove(&p.value.id);
+        self.quarantined.push((p.value.id, self.epoch));
         self.backends_in_use -= p.slots.len() as u64;
+        self.note_removed(key, p.slots.into_iter());
+        Ok(())
+    }
+
+    fn set_backend(&mut self, k: BackendKey, ep: &Endpoint) -> Result<(), DataplaneError> {
+        self.write(MapOp::SetBackend(k, backend(ep)))?;
+        self.retired_slots.remove(&k);
         Ok(())
     }
 
@@ -184,7 +289,9 @@ impl<W: MapWriter> MapSync<W> {
         let new_len = d.backends.len();
         let old_len = self.programmed.get(key).map_or(0, |p| p.slots.len());
         let grow = new_len.saturating_sub(old_len) as u64;
-        if self.backends_in_use + grow > self.limits.max_backends as u64 {
+        // Retired slots still occupy the map until they are reclaimed.
+        let occupied = self.backends_in_use + self.retired_slots.len() as u64;
+        if occupied + grow > self.limits.max_backends as u64 {
             return Err(DataplaneError::Full {
                 capacity: Capacity::Backends,
                 limit: self.limits.max_backends,
@@ -207,26 +314,33 @@ impl<W: MapWriter> MapSync<W> {
         let target = next_slots(&current.slots, &d.backends);
         for (slot, ep) in target.iter().enumerate() {
             if current.slots.get(slot) != Some(ep) {
-                self.write(MapOp::SetBackend(
-                    BackendKey {
-                        service: id,
-                        slot: slot as u32,
-                    },
-                    backend(ep),
-                ))?;
+                let k = BackendKey {
+                    service: id,
+                    slot: slot as u32,
+                };
+                self.set_backend(k, ep)?;
             }
         }
         let value = value_for(id, new_len, d);
         if value != current.value {
             self.write(MapOp::SetService(service_key(key), value))?;
         }
+        self.live_len.insert(id, new_len as u32);
+        // Readers of the old count may still look these up: retired, not deleted.
         for slot in new_len..old_len {
-            self.write(MapOp::DelBackend(BackendKey {
+            self.retire_slot(BackendKey {
                 service: id,
                 slot: slot as u32,
-            }))?;
+            });
         }
         self.backends_in_use = self.backends_in_use + new_len as u64 - old_len as u64;
+        let gone: Vec<Endpoint> = current
+            .slots
+            .iter()
+            .filter(|e| !d.backends.contains(e))
+            .copied()
+            .collect();
+        self.note_removed(key, gone.into_iter());
         self.programmed.insert(
             *key,
             Programmed {
@@ -246,16 +360,15 @@ impl<W: MapWriter> MapSync<W> {
         self.write(MapOp::ResetCounters(id))?;
         let slots: Vec<Endpoint> = d.backends.iter().copied().collect();
         for (slot, ep) in slots.iter().enumerate() {
-            self.write(MapOp::SetBackend(
-                BackendKey {
-                    service: id,
-                    slot: slot as u32,
-                },
-                backend(ep),
-            ))?;
+            let k = BackendKey {
+                service: id,
+                slot: slot as u32,
+            };
+            self.set_backend(k, ep)?;
         }
         let value = value_for(id, slots.len(), d);
         self.write(MapOp::SetService(service_key(key), value))?;
+        self.live_len.insert(id, value.count);
         self.backends_in_use += slots.len() as u64;
         self.programmed.insert(*key, Programmed { value, slots });
         Ok(())
@@ -334,14 +447,11 @@ impl<W: MapWriter> Dataplane for MapSync<W> {
                 self.write(MapOp::DelService(skey))?;
             }
         }
-        let live: HashMap<u32, u32> = self
-            .programmed
-            .values()
-            .map(|p| (p.value.id, p.slots.len() as u32))
-            .collect();
+        // A previous run's readers may still hold these: reclaimed like any retired slot.
         for bkey in std::mem::take(&mut self.stray_backends) {
-            if live.get(&bkey.service).is_none_or(|len| bkey.slot >= *len) {
-                self.write(MapOp::DelBackend(bkey))?;
+            let live = self.live_len.get(&bkey.service);
+            if live.is_none_or(|len| bkey.slot >= *len) && !self.retired_slots.contains_key(&bkey) {
+                self.retire_slot(bkey);
             }
         }
         Ok(())

@@ -1,12 +1,14 @@
 //! Property tests of the sync engine against a recording model of the maps: after any
 //! sequence of events the maps equal the desired state, and at every single write the
-//! ordering invariant holds (every exposed slot exists and holds an old or a new backend).
+//! ordering invariant holds: every slot exposed now holds an old or a new backend, every
+//! slot a reader may have been shown since the last grace period still exists, and no id
+//! seen since then names another frontend.
 
 use super::*;
 use crate::desired::{Change, DesiredState};
 use crate::model::{
-    Family, ObjectKey, Port, PortName, Protocol, ServicePort, ServiceSpec, SliceName, SlicePort,
-    SliceSpec,
+    Family, ObjectKey, Port, PortName, Protocol, ServicePort, ServiceSpec, SliceEndpoint,
+    SliceName, SlicePort, SliceSpec,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -23,6 +25,11 @@ struct Recording {
     writes: usize,
     /// Fail with "full" once this many entries would be in the backends map.
     backend_capacity: Option<usize>,
+    /// Every (id, slot) some count exposed since the last grace period: a reader that
+    /// copied that count may still look the slot up.
+    exposed: HashSet<BackendKey>,
+    /// The frontend each id exposed since the last grace period belongs to.
+    id_owner: HashMap<u32, ServiceKey>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +66,35 @@ impl MapWriter for Recording {
 }
 
 impl Recording {
-    fn check_invariant(&self, op: &MapOp) {
+    /// A grace period has passed: readers from before it are gone.
+    fn fence(&mut self) {
+        self.exposed.clear();
+        self.id_owner.clear();
+        self.check_invariant(&MapOp::ResetCounters(0));
+    }
+
+    fn check_invariant(&mut self, op: &MapOp) {
+        for (k, v) in &self.services {
+            if let Some(owner) = self.id_owner.insert(v.id, *k) {
+                assert_eq!(
+                    owner, *k,
+                    "after {op:?}: id {} given to {k:?} while a reader may hold it for {owner:?}",
+                    v.id
+                );
+            }
+            for slot in 0..v.count {
+                self.exposed.insert(BackendKey {
+                    service: v.id,
+                    slot,
+                });
+            }
+        }
+        for k in &self.exposed {
+            assert!(
+                self.backends.contains_key(k),
+                "after {op:?}: slot {k:?} deleted while a reader may hold its count"
+            );
+        }
         for (k, v) in &self.services {
             for slot in 0..v.count {
                 let b = self
@@ -113,9 +148,9 @@ fn slice(service: u8, endpoints: &[u8]) -> SliceSpec {
             port: Port::new(8080).unwrap(),
             protocol: Protocol::Tcp,
         }],
-        ready: endpoints
+        endpoints: endpoints
             .iter()
-            .map(|e| format!("10.244.0.{e}").parse().unwrap())
+            .map(|e| SliceEndpoint::ready(format!("10.244.0.{e}").parse().unwrap()))
             .collect(),
     }
 }
@@ -124,6 +159,8 @@ fn slice(service: u8, endpoints: &[u8]) -> SliceSpec {
 enum Ev {
     Service(u8, Option<bool>),
     Slice(u8, u8, Option<Vec<u8>>),
+    /// A grace period: begin, wait for readers, end.
+    Reclaim,
 }
 
 fn ev() -> impl Strategy<Value = Ev> {
@@ -135,11 +172,13 @@ fn ev() -> impl Strategy<Value = Ev> {
             proptest::option::weighted(0.8, proptest::collection::vec(0u8..12, 0..10))
         )
             .prop_map(|(s, n, e)| Ev::Slice(s, n, e)),
+        Just(Ev::Reclaim),
     ]
 }
 
 fn to_change(e: &Ev) -> Change {
     match e {
+        Ev::Reclaim => unreachable!("not a change"),
         Ev::Service(i, a) => Change::Service(name(*i), a.map(|a| spec(*i, a))),
         Ev::Slice(s, n, eps) => Change::Slice(
             SliceName(ObjectKey::new("default", format!("svc-{s}-{n}"))),
@@ -148,8 +187,27 @@ fn to_change(e: &Ev) -> Change {
     }
 }
 
+/// One grace period, as the daemon's reclaimer runs it.
+fn reclaim(engine: &mut MapSync<Recording>) {
+    if let Some(g) = engine.begin_grace() {
+        engine.writer.fence();
+        engine.end_grace(g).unwrap();
+    }
+}
+
+/// Reclaims until nothing is retired any more.
+fn settle(engine: &mut MapSync<Recording>) {
+    reclaim(engine);
+    reclaim(engine);
+    assert!(!engine.reclaim_pending());
+}
+
 /// Applies one event through the engine, with the allowed sets set for the check.
 fn step(desired: &mut DesiredState, engine: &mut MapSync<Recording>, e: &Ev) {
+    if let Ev::Reclaim = e {
+        reclaim(engine);
+        return;
+    }
     let affected = desired.apply(to_change(e)).unwrap();
     for svc in affected {
         let want = desired.frontends(&svc);
@@ -222,8 +280,9 @@ proptest! {
         let mut engine = MapSync::new(Recording::default(), limits());
         for e in &events {
             step(&mut desired, &mut engine, e);
-            assert_maps_equal_desired(&desired, &engine.writer);
         }
+        settle(&mut engine);
+        assert_maps_equal_desired(&desired, &engine.writer);
     }
 
     /// A restart adopts the maps, re-applies the desired state and cleans up: the result
@@ -238,6 +297,7 @@ proptest! {
         for e in &before {
             step(&mut desired, &mut engine, e);
         }
+        settle(&mut engine);
         let old = engine.writer;
         let mut rec = Recording { services: old.services.clone(), backends: old.backends.clone(), ..Recording::default() };
         rec.writes = 0;
@@ -253,6 +313,7 @@ proptest! {
         for e in &after {
             step(&mut desired, &mut restarted, e);
         }
+        settle(&mut restarted);
         assert_maps_equal_desired(&desired, &restarted.writer);
     }
 }
@@ -275,14 +336,49 @@ fn one_endpoint_change_writes_one_slot_and_nothing_else() {
         &Ev::Slice(1, 0, Some(vec![1, 3, 4])),
     );
     assert_eq!(engine.writer.writes - before, 1);
-    // Remove endpoint 1: the tail moves into its slot, the count shrinks, the tail goes.
+    // Remove endpoint 1: the tail moves into its slot and the count shrinks; the tail goes
+    // after a grace period.
     let before = engine.writer.writes;
     step(
         &mut desired,
         &mut engine,
         &Ev::Slice(1, 0, Some(vec![3, 4])),
     );
+    assert_eq!(engine.writer.writes - before, 2);
+    assert!(engine.reclaim_pending());
+    reclaim(&mut engine);
     assert_eq!(engine.writer.writes - before, 3);
+    assert!(!engine.reclaim_pending());
+}
+
+/// A reader that copied a count before the change finds its slot until a grace period has
+/// passed, and a removed frontend's id is not handed to another before then.
+#[test]
+fn retired_slots_and_ids_wait_for_a_grace_period() {
+    let mut desired = DesiredState::default();
+    let mut engine = MapSync::new(Recording::default(), limits());
+    step(&mut desired, &mut engine, &Ev::Service(1, Some(false)));
+    step(
+        &mut desired,
+        &mut engine,
+        &Ev::Slice(1, 0, Some(vec![1, 2, 3])),
+    );
+    let old = engine.writer.services.values().next().copied().unwrap();
+    step(&mut desired, &mut engine, &Ev::Slice(1, 0, Some(vec![1])));
+    for slot in 0..old.count {
+        assert!(engine.writer.backends.contains_key(&BackendKey {
+            service: old.id,
+            slot
+        }));
+    }
+    // Removed, and another service created at once: it gets a different id.
+    step(&mut desired, &mut engine, &Ev::Service(1, None));
+    step(&mut desired, &mut engine, &Ev::Service(2, Some(false)));
+    let new = engine.writer.services.values().next().copied().unwrap();
+    assert_ne!(new.id, old.id);
+    settle(&mut engine);
+    assert_maps_equal_desired(&desired, &engine.writer);
+    assert_eq!(engine.writer.backends.len(), 0);
 }
 
 #[test]
@@ -311,8 +407,12 @@ fn a_full_map_refuses_new_frontends_and_keeps_the_others() {
     ));
     assert_eq!(engine.fill().frontends, 2);
     assert_eq!(engine.writer.services.len(), 2);
-    // Freeing one makes room.
+    // Freeing one makes room once its id is out of quarantine.
     step(&mut desired, &mut engine, &Ev::Service(0, None));
+    assert!(!engine
+        .update(&name(2), &desired.frontends(&name(2)))
+        .is_empty());
+    reclaim(&mut engine);
     assert!(engine
         .update(&name(2), &desired.frontends(&name(2)))
         .is_empty());

@@ -158,10 +158,13 @@ impl World {
             Mode::Ebpf => "ebpf",
             Mode::Iptables => "iptables",
         };
-        let mut cmd = match self.mode {
-            Mode::Ebpf => Command::new(PROXY),
-            // iptables rules are per namespace: the proxy runs inside the test's.
-            Mode::Iptables => self.ns.command(PROXY),
+        // In the test's namespace: iptables rules are per namespace, and the eBPF proxy's
+        // node addresses and devices are the namespace's, not the machine's. An eBPF proxy
+        // reading a test API server (on the host's loopback) stays outside.
+        let mut cmd = if self.proxy_outside() {
+            Command::new(PROXY)
+        } else {
+            self.ns.command(PROXY)
         };
         cmd.args(["run", "--mode", mode, "--metrics", "127.0.0.1:0"]);
         match &self.api {
@@ -174,7 +177,7 @@ impl World {
         .arg(self.cg.path())
         .arg("--bpffs")
         .arg(self.bpffs.path())
-        .args(["--max-revnat", "4096", "--max-affinity", "4096"])
+        .args(["--max-affinity", "4096"])
         .args(&self.extra_args);
         let proxy = Proxy::spawn(cmd);
         self.proxy = Some(proxy);
@@ -204,7 +207,11 @@ impl World {
         self.proxy.as_ref().expect("proxy running")
     }
 
-    /// GET on the proxy's metrics endpoint (inside the namespace in iptables mode).
+    fn proxy_outside(&self) -> bool {
+        self.mode == Mode::Ebpf && self.api.is_some()
+    }
+
+    /// GET on the proxy's metrics endpoint (where the proxy runs).
     pub fn http_get(&self, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
         let get = move || -> Option<(u16, String)> {
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
@@ -214,9 +221,10 @@ impl World {
             let code = text.split_whitespace().nth(1)?.parse().ok()?;
             Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
         };
-        match self.mode {
-            Mode::Ebpf => get(),
-            Mode::Iptables => self.ns.run(get),
+        if self.proxy_outside() {
+            get()
+        } else {
+            self.ns.run(get)
         }
     }
 
@@ -377,6 +385,53 @@ pub fn service(name: &str, ips: &[IpAddr], ports: &[(&str, u16, &str)], extra: &
         ips[0],
         ips.join(", "),
         ports.join(", ")
+    )
+}
+
+/// Conditions of one endpoint in [`slice_of`].
+#[derive(Clone, Copy, Debug)]
+pub enum Cond {
+    Ready,
+    NotReady,
+    /// Terminating, still passing its readiness probe.
+    ServingTerminating,
+    /// Terminating and no longer serving.
+    Terminating,
+}
+
+/// An EndpointSlice manifest with explicit conditions (and optional node names).
+pub fn slice_of(
+    name: &str,
+    service: &str,
+    ports: &[(&str, u16, &str)],
+    endpoints: &[(IpAddr, Cond, Option<&str>)],
+) -> String {
+    let ports: Vec<String> = ports
+        .iter()
+        .map(|(n, p, proto)| format!("{{name: \"{n}\", port: {p}, protocol: {proto}}}"))
+        .collect();
+    let eps: Vec<String> = endpoints
+        .iter()
+        .map(|(ip, c, node)| {
+            let (ready, serving, terminating) = match c {
+                Cond::Ready => (true, true, false),
+                Cond::NotReady => (false, false, false),
+                Cond::ServingTerminating => (false, true, true),
+                Cond::Terminating => (false, false, true),
+            };
+            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
+            format!("{{addresses: [\"{ip}\"], conditions: {{ready: {ready}, serving: {serving}, terminating: {terminating}}}{node}}}")
+        })
+        .collect();
+    let family = if endpoints.first().is_some_and(|e| e.0.is_ipv6()) {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: {family}\nports: [{}]\nendpoints: [{}]\n",
+        ports.join(", "),
+        eps.join(", ")
     )
 }
 
