@@ -16,6 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use super::auth::{self, UserInfo};
 use super::discovery;
 use super::handlers::{self, Call, Ctx};
 use super::negotiate::{self, MAX_BODY_BYTES};
@@ -36,7 +37,7 @@ pub struct Auth {
 }
 
 impl Auth {
-    fn check(&self, req: &Request<Incoming>, peer: SocketAddr) -> Result<(), ApiError> {
+    fn check(&self, req: &Request<Incoming>, peer: SocketAddr) -> Result<UserInfo, ApiError> {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -44,11 +45,15 @@ impl Auth {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
         match given {
-            Some(t) if constant_time_eq(t.as_bytes(), self.token.as_bytes()) => Ok(()),
-            None if peer.ip().is_loopback() => Ok(()),
+            Some(t) if constant_time_eq(t.as_bytes(), self.token.as_bytes()) => Ok(admin()),
+            None if peer.ip().is_loopback() => Ok(admin()),
             _ => Err(ApiError::unauthorized()),
         }
     }
+}
+
+fn admin() -> UserInfo {
+    UserInfo::new("admin", &[auth::MASTERS])
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -180,7 +185,7 @@ async fn route(
         }
         _ => {}
     }
-    auth.check(&req, peer)?;
+    let user = auth.check(&req, peer)?;
     if req.method() == Method::GET {
         if path == "/openapi/v2" || path == "/openapi/v2/" {
             let accept = req
@@ -271,6 +276,7 @@ async fn route(
                 body,
                 query_string: &query_string,
                 upgrade,
+                user: &user,
             };
             if legacy_binding {
                 handlers::legacy_binding(ctx, call).await

@@ -14,6 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod allocation;
+pub mod auth;
 mod conversion;
 mod discovery;
 mod handlers;

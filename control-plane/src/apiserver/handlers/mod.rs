@@ -20,6 +20,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::allocation::Allocator;
+use super::auth::UserInfo;
 use super::metrics::Metrics;
 use super::output::Resp;
 use super::registry::{self, Resource, Subresource};
@@ -102,6 +103,8 @@ pub struct Call<'a> {
     pub query_string: &'a str,
     /// The connection's switch of protocols, when the request asked for one.
     pub upgrade: Option<OnUpgrade>,
+    /// Who is calling (authenticated before the call was made).
+    pub user: &'a UserInfo,
 }
 
 impl Call<'_> {
