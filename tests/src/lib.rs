@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod cluster;
 pub mod kubectl;
 pub mod netns;
+pub mod order;
 pub mod registry;
 pub mod subnet;
 pub mod wait;

@@ -112,9 +112,16 @@ struct ActiveItem {
     generation: u64,
 }
 
+/// Higher priority first, then earlier arrival (`order` is unique per push); the uid and
+/// generation complete the order so that it agrees with `Eq`, as a heap's `Ord` must.
 impl Ord for ActiveItem {
     fn cmp(&self, other: &Self) -> Ordering {
-        (self.priority, &self.order).cmp(&(other.priority, &other.order))
+        (self.priority, &self.order, &self.uid, self.generation).cmp(&(
+            other.priority,
+            &other.order,
+            &other.uid,
+            other.generation,
+        ))
     }
 }
 
@@ -542,6 +549,27 @@ mod tests {
     use crate::scheduler::testing::{node, pod, pod_requesting};
     use proptest::prelude::*;
     use serde_json::json;
+
+    /// The active heap's order is total (and agrees with Eq) on items that collide in
+    /// priority and generation.
+    #[test]
+    fn active_order_is_total() {
+        let mut items = Vec::new();
+        for i in 0..24u64 {
+            items.push(ActiveItem {
+                priority: (i % 3) as i32,
+                order: Reverse(i / 2),
+                uid: PodUid(Arc::from(format!("uid-{}", i % 5).as_str())),
+                generation: i % 2,
+            });
+        }
+        skiff_tests::order::assert_total_order(&items, |a, b| a.cmp(b));
+        for a in &items {
+            for b in &items {
+                assert_eq!(a == b, a.cmp(b) == Ordering::Equal);
+            }
+        }
+    }
 
     fn fast() -> QueueConfig {
         QueueConfig {

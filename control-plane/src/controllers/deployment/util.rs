@@ -805,4 +805,20 @@ mod tests {
             "old"
         );
     }
+
+    /// Every ReplicaSet comparator the controller sorts with is a total order, on sets that
+    /// collide in size, creation time and revision (names are unique, as in a namespace).
+    #[test]
+    fn replicaset_orders_are_total() {
+        let mut sets = Vec::new();
+        for i in 0..27 {
+            let mut r = (*rs(&format!("rs-{i:02}"), i % 3, 0, (i / 3 % 3) as i64, None)).clone();
+            r.annotations_mut()
+                .insert(REVISION.to_string(), (i / 9).to_string());
+            sets.push(Arc::new(r));
+        }
+        for cmp in [by_creation, by_size_newer, by_size_older, by_revision] {
+            skiff_tests::order::assert_total_order(&sets, cmp);
+        }
+    }
 }
