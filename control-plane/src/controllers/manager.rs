@@ -77,6 +77,8 @@ impl ControllerManager {
             ops_addr = Some(bound);
             let m = metrics.clone();
             let mut endpoint = Ops::new().metrics(move || m.render());
+            let m = metrics.clone();
+            endpoint = endpoint.check("controllers", move || m.panic_health());
             if let Some(e) = elector.clone() {
                 endpoint = endpoint.check("leaderElection", move || {
                     if e.healthy() {

@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
+use k8s_openapi::api::core::v1::ObjectReference;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{Metrics, Outcome};
+use super::events::{EventType, Recorder};
+use super::metrics::{Metrics, Outcome, PANICS_UNHEALTHY};
 use super::queue::{QueueKey, WorkQueue};
 
 /// What to do with a key after a successful reconcile.
@@ -60,6 +62,35 @@ pub trait Reconciler: Send + Sync + 'static {
         &self,
         key: &Self::Key,
     ) -> impl Future<Output = Result<Action, ReconcileError>> + Send;
+
+    /// The object `key` names, with the recorder for Events about it: where a reconcile that
+    /// keeps panicking is reported to the user. None (the default): logs, metrics and health
+    /// only.
+    fn involved_object(&self, _key: &Self::Key) -> Option<(Recorder, ObjectReference)> {
+        None
+    }
+}
+
+/// [`Reconciler::involved_object`] for a controller whose keys name objects of an informer.
+pub fn involved<K>(
+    informer: &super::Informer<K>,
+    key: &super::ObjectKey,
+    recorder: &Recorder,
+) -> Option<(Recorder, ObjectReference)>
+where
+    K: super::informer::Cached + kube::Resource<DynamicType = ()>,
+{
+    let obj = informer.get(key)?;
+    Some((recorder.clone(), obj.object_ref(&())))
+}
+
+/// The text of a panic's payload (`panic!` with a literal or a formatted message).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// A reconciler with its queue and workers.
@@ -151,6 +182,9 @@ impl<R: Reconciler> Worker<R> {
                 }
             };
             let seconds = start.elapsed().as_secs_f64();
+            if result.is_ok() {
+                self.metrics.returned(self.name, &key.to_string());
+            }
             match result {
                 Ok(Ok(Action::AwaitChange)) => {
                     self.queue.forget(&key);
@@ -174,8 +208,23 @@ impl<R: Reconciler> Worker<R> {
                     self.queue.add_rate_limited(key.clone());
                     self.metrics.reconciled(self.name, Outcome::Error, seconds);
                 }
-                Err(_) => {
-                    tracing::error!(controller = self.name, %key, "reconcile panicked; retrying");
+                Err(payload) => {
+                    let message = panic_message(payload.as_ref());
+                    let times = self.metrics.panicked(self.name, key.to_string(), &message);
+                    tracing::error!(controller = self.name, %key, times, panic = %message, "reconcile panicked; retrying");
+                    if times == PANICS_UNHEALTHY {
+                        if let Some((recorder, object)) = self.reconciler.involved_object(&key) {
+                            recorder.event_ref(
+                                object,
+                                EventType::Warning,
+                                "ReconcilePanicked",
+                                format!(
+                                    "the {} controller failed {times} times in a row on this object (a bug in the controller: {message}); it keeps retrying with back-off",
+                                    self.name
+                                ),
+                            );
+                        }
+                    }
                     self.queue.add_rate_limited(key.clone());
                     self.metrics.reconciled(self.name, Outcome::Error, seconds);
                 }
@@ -230,6 +279,48 @@ mod tests {
         assert!(m
             .render()
             .contains("skiff_controller_reconcile_errors_total{controller=\"flaky\"} 1"));
+        token.cancel();
+        run.await.unwrap();
+    }
+
+    /// Panics until told to stop.
+    struct Panicky {
+        stop: std::sync::atomic::AtomicBool,
+    }
+
+    impl Reconciler for Panicky {
+        type Key = u32;
+
+        async fn reconcile(&self, key: &u32) -> Result<Action, ReconcileError> {
+            if !self.stop.load(Ordering::SeqCst) {
+                panic!("ranking of key {key} is not a total order");
+            }
+            Ok(Action::AwaitChange)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_that_keeps_panicking_is_counted_and_unhealthy_until_it_recovers() {
+        let r = Arc::new(Panicky {
+            stop: Default::default(),
+        });
+        let q = WorkQueue::new();
+        let m = Metrics::new();
+        q.add(7);
+        let token = CancellationToken::new();
+        let run = tokio::spawn(Controller::new("panicky", r.clone(), q.clone(), 1, m.clone()).run(token.clone()));
+        let health = skiff_tests::wait_until_async("the controller reports its panics", Duration::from_secs(10), || async {
+            m.panic_health().err().ok_or(())
+        })
+        .await;
+        assert!(health.contains("controller panicky: reconcile of 7 panicked 3 times in a row: ranking of key 7 is not a total order"), "{health}");
+        assert!(m.render().contains("skiff_controller_reconcile_panics_total{controller=\"panicky\"}"));
+        r.stop.store(true, Ordering::SeqCst);
+        q.add(7);
+        skiff_tests::wait_until_async("the key recovers", Duration::from_secs(30), || async {
+            m.panic_health().ok().ok_or(())
+        })
+        .await;
         token.cancel();
         run.await.unwrap();
     }

@@ -2,7 +2,8 @@
 //! by the scheduler): reconciles by result, reconcile latency, queue depth and adds, retries,
 //! and whether this process leads. Rendered in the text format by the ops server.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -48,7 +49,14 @@ struct Inner {
     depth: Family<Labels, Gauge>,
     adds: Family<Labels, Counter>,
     leader: Family<Labels, Gauge>,
+    panics: Family<Labels, Counter>,
+    /// Keys whose last reconciles panicked: (controller, key) -> (times in a row, message).
+    panicking: Mutex<HashMap<(&'static str, String), (u32, String)>>,
 }
+
+/// After this many panics in a row on one key, the controller is reported unhealthy and an
+/// Event is written on the object.
+pub const PANICS_UNHEALTHY: u32 = 3;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -67,6 +75,7 @@ impl Metrics {
         let depth = Family::<Labels, Gauge>::default();
         let adds = Family::<Labels, Counter>::default();
         let leader = Family::<Labels, Gauge>::default();
+        let panics = Family::<Labels, Counter>::default();
         registry.register(
             "reconciles",
             "Reconciles by controller and result (success, requeue, error)",
@@ -97,6 +106,11 @@ impl Metrics {
             "1 while this process holds the named leader-election lease",
             leader.clone(),
         );
+        registry.register(
+            "reconcile_panics",
+            "Reconciles that panicked, by controller (a bug: the key is retried with back-off)",
+            panics.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -106,6 +120,8 @@ impl Metrics {
                 depth,
                 adds,
                 leader,
+                panics,
+                panicking: Mutex::default(),
             }),
         }
     }
@@ -123,6 +139,45 @@ impl Metrics {
         }
         l.push(("result", outcome.label().to_string()));
         self.inner.reconciles.get_or_create(&l).inc();
+    }
+
+    /// Records a reconcile of `key` that panicked with `message`; returns how many times in a
+    /// row that key has panicked.
+    pub fn panicked(&self, controller: &'static str, key: String, message: &str) -> u32 {
+        self.inner
+            .panics
+            .get_or_create(&Self::labels(controller))
+            .inc();
+        let mut p = self.inner.panicking.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = p.entry((controller, key)).or_insert((0, String::new()));
+        entry.0 += 1;
+        entry.1 = message.to_string();
+        entry.0
+    }
+
+    /// Records a reconcile of `key` that returned (successfully or with an error): its run of
+    /// panics, if any, is over.
+    pub fn returned(&self, controller: &'static str, key: &str) {
+        let mut p = self.inner.panicking.lock().unwrap_or_else(|e| e.into_inner());
+        if !p.is_empty() {
+            p.remove(&(controller, key.to_string()));
+        }
+    }
+
+    /// The health check of a process's controllers: Err naming every key that panicked
+    /// [`PANICS_UNHEALTHY`] times or more in a row, with the last panic's message.
+    pub fn panic_health(&self) -> Result<(), String> {
+        let p = self.inner.panicking.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bad: Vec<String> = p
+            .iter()
+            .filter(|(_, (n, _))| *n >= PANICS_UNHEALTHY)
+            .map(|((c, k), (n, m))| format!("controller {c}: reconcile of {k} panicked {n} times in a row: {m}"))
+            .collect();
+        if bad.is_empty() {
+            return Ok(());
+        }
+        bad.sort();
+        Err(bad.join("; "))
     }
 
     /// Records a key handed to a worker and the depth left behind.
@@ -189,5 +244,20 @@ mod tests {
         assert!(text.contains("skiff_controller_queue_depth{controller=\"replicaset\"} 3"));
         assert!(text.contains("skiff_controller_leader{lease=\"kube-controller-manager\"} 1"));
         assert_eq!(m.reconcile_count("replicaset"), 2);
+    }
+
+    #[test]
+    fn panics_in_a_row_make_the_controllers_unhealthy_until_the_key_returns() {
+        let m = Metrics::new();
+        for i in 1..PANICS_UNHEALTHY {
+            assert_eq!(m.panicked("replicaset", "default/web".into(), "boom"), i);
+            assert!(m.panic_health().is_ok());
+        }
+        m.panicked("replicaset", "default/web".into(), "index out of bounds");
+        let err = m.panic_health().unwrap_err();
+        assert!(err.contains("controller replicaset: reconcile of default/web panicked 3 times in a row: index out of bounds"), "{err}");
+        assert!(m.render().contains("skiff_controller_reconcile_panics_total{controller=\"replicaset\"} 3"));
+        m.returned("replicaset", "default/web");
+        assert!(m.panic_health().is_ok());
     }
 }

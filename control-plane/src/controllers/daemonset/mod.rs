@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
-use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -210,6 +210,10 @@ fn oldest_first(pods: &mut [Arc<Pod>]) {
 
 impl Reconciler for DaemonSetController {
     type Key = ObjectKey;
+
+    fn involved_object(&self, key: &ObjectKey) -> Option<(Recorder, ObjectReference)> {
+        crate::runtime::controller::involved(&self.sets, key, &self.recorder)
+    }
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
         let Some(ds) = self.sets.get(key) else {

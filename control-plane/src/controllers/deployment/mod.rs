@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -165,6 +165,10 @@ struct Sync<'a> {
 
 impl Reconciler for DeploymentController {
     type Key = ObjectKey;
+
+    fn involved_object(&self, key: &ObjectKey) -> Option<(Recorder, ObjectReference)> {
+        crate::runtime::controller::involved(&self.deployments, key, &self.recorder)
+    }
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
         let Some(d) = self.deployments.get(key) else {

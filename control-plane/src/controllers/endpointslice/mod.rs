@@ -200,6 +200,10 @@ pub fn build(ctx: &Context) -> Controller<EndpointSliceController> {
 impl Reconciler for EndpointSliceController {
     type Key = ObjectKey;
 
+    fn involved_object(&self, key: &ObjectKey) -> Option<(Recorder, ObjectReference)> {
+        crate::runtime::controller::involved(&self.services, key, &self.recorder)
+    }
+
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
         let Some(svc) = self.services.get(key) else {
             // Its slices go with it (owner references).

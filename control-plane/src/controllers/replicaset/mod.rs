@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -196,6 +196,10 @@ fn secs(s: i32) -> Duration {
 
 impl Reconciler for ReplicaSetController {
     type Key = ObjectKey;
+
+    fn involved_object(&self, key: &ObjectKey) -> Option<(Recorder, ObjectReference)> {
+        crate::runtime::controller::involved(&self.sets, key, &self.recorder)
+    }
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
         let Some(rs) = self.sets.get(key) else {
