@@ -308,13 +308,19 @@ mod tests {
         let m = Metrics::new();
         q.add(7);
         let token = CancellationToken::new();
-        let run = tokio::spawn(Controller::new("panicky", r.clone(), q.clone(), 1, m.clone()).run(token.clone()));
-        let health = skiff_tests::wait_until_async("the controller reports its panics", Duration::from_secs(10), || async {
-            m.panic_health().err().ok_or(())
-        })
+        let run = tokio::spawn(
+            Controller::new("panicky", r.clone(), q.clone(), 1, m.clone()).run(token.clone()),
+        );
+        let health = skiff_tests::wait_until_async(
+            "the controller reports its panics",
+            Duration::from_secs(10),
+            || async { m.panic_health().err().ok_or(()) },
+        )
         .await;
         assert!(health.contains("controller panicky: reconcile of 7 panicked 3 times in a row: ranking of key 7 is not a total order"), "{health}");
-        assert!(m.render().contains("skiff_controller_reconcile_panics_total{controller=\"panicky\"}"));
+        assert!(m
+            .render()
+            .contains("skiff_controller_reconcile_panics_total{controller=\"panicky\"}"));
         r.stop.store(true, Ordering::SeqCst);
         q.add(7);
         skiff_tests::wait_until_async("the key recovers", Duration::from_secs(30), || async {

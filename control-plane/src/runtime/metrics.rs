@@ -148,7 +148,11 @@ impl Metrics {
             .panics
             .get_or_create(&Self::labels(controller))
             .inc();
-        let mut p = self.inner.panicking.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self
+            .inner
+            .panicking
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let entry = p.entry((controller, key)).or_insert((0, String::new()));
         entry.0 += 1;
         entry.1 = message.to_string();
@@ -158,7 +162,11 @@ impl Metrics {
     /// Records a reconcile of `key` that returned (successfully or with an error): its run of
     /// panics, if any, is over.
     pub fn returned(&self, controller: &'static str, key: &str) {
-        let mut p = self.inner.panicking.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self
+            .inner
+            .panicking
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if !p.is_empty() {
             p.remove(&(controller, key.to_string()));
         }
@@ -167,11 +175,17 @@ impl Metrics {
     /// The health check of a process's controllers: Err naming every key that panicked
     /// [`PANICS_UNHEALTHY`] times or more in a row, with the last panic's message.
     pub fn panic_health(&self) -> Result<(), String> {
-        let p = self.inner.panicking.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self
+            .inner
+            .panicking
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut bad: Vec<String> = p
             .iter()
             .filter(|(_, (n, _))| *n >= PANICS_UNHEALTHY)
-            .map(|((c, k), (n, m))| format!("controller {c}: reconcile of {k} panicked {n} times in a row: {m}"))
+            .map(|((c, k), (n, m))| {
+                format!("controller {c}: reconcile of {k} panicked {n} times in a row: {m}")
+            })
             .collect();
         if bad.is_empty() {
             return Ok(());
@@ -256,7 +270,9 @@ mod tests {
         m.panicked("replicaset", "default/web".into(), "index out of bounds");
         let err = m.panic_health().unwrap_err();
         assert!(err.contains("controller replicaset: reconcile of default/web panicked 3 times in a row: index out of bounds"), "{err}");
-        assert!(m.render().contains("skiff_controller_reconcile_panics_total{controller=\"replicaset\"} 3"));
+        assert!(m
+            .render()
+            .contains("skiff_controller_reconcile_panics_total{controller=\"replicaset\"} 3"));
         m.returned("replicaset", "default/web");
         assert!(m.panic_health().is_ok());
     }

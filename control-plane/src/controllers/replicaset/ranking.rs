@@ -87,10 +87,7 @@ impl RankKey {
                 None
             },
             restarts: Reverse(pods::max_restarts(p)),
-            created_bucket: log_bucket(
-                p.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                now,
-            ),
+            created_bucket: log_bucket(p.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
             uid: p.uid().unwrap_or_default(),
         }
     }
@@ -300,21 +297,37 @@ mod tests {
     #[test]
     fn same_bucket_ready_times_do_not_cycle() {
         let mk = |uid: &str, ready_age: i64, restarts: i32| {
-            let mut p = pod(uid, Some("n1"), "Running", Some(NOW - ready_age), NOW - 10_000);
-            Arc::make_mut(&mut p).status.as_mut().unwrap().container_statuses =
-                Some(vec![ContainerStatus {
-                    name: "c".into(),
-                    restart_count: restarts,
-                    ..Default::default()
-                }]);
+            let mut p = pod(
+                uid,
+                Some("n1"),
+                "Running",
+                Some(NOW - ready_age),
+                NOW - 10_000,
+            );
+            Arc::make_mut(&mut p)
+                .status
+                .as_mut()
+                .unwrap()
+                .container_statuses = Some(vec![ContainerStatus {
+                name: "c".into(),
+                restart_count: restarts,
+                ..Default::default()
+            }]);
             p
         };
-        let (a, b, c) = (mk("b-uid", 1000, 0), mk("c-uid", 1001, 5), mk("a-uid", 1001, 0));
+        let (a, b, c) = (
+            mk("b-uid", 1000, 0),
+            mk("c-uid", 1001, 5),
+            mk("a-uid", 1001, 0),
+        );
         let all = vec![a, b, c];
         let k = keys(&all);
         skiff_tests::order::assert_total_order(&k, |x, y| x.cmp(y));
         // more restarts goes first; the others share every bucket, so the uid decides
         let now = Timestamp::from_second(NOW).unwrap();
-        assert_eq!(names(&pods_to_delete(all.clone(), &all, 2, now)), ["c-uid", "a-uid"]);
+        assert_eq!(
+            names(&pods_to_delete(all.clone(), &all, 2, now)),
+            ["c-uid", "a-uid"]
+        );
     }
 }
