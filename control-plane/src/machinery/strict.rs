@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use k8s_openapi::api::{apps, autoscaling, coordination, core, discovery, events};
+use k8s_openapi::api::{apps, autoscaling, coordination, core, discovery, events, rbac};
 
 /// Paths of unknown fields as Kubernetes' strict decoder names them
 /// (`spec.template.spec.containers[0].imagee`), in document order. Empty when the kind is
@@ -76,6 +76,12 @@ fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Result<Value, (Strin
         ("coordination.k8s.io", "Lease") => typed::<coordination::v1::Lease>(v),
         ("events.k8s.io", "Event") => typed::<events::v1::Event>(v),
         ("autoscaling", "Scale") => typed::<autoscaling::v1::Scale>(v),
+        ("rbac.authorization.k8s.io", "Role") => typed::<rbac::v1::Role>(v),
+        ("rbac.authorization.k8s.io", "ClusterRole") => typed::<rbac::v1::ClusterRole>(v),
+        ("rbac.authorization.k8s.io", "RoleBinding") => typed::<rbac::v1::RoleBinding>(v),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+            typed::<rbac::v1::ClusterRoleBinding>(v)
+        }
         _ => return None,
     })
 }

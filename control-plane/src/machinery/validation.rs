@@ -83,6 +83,8 @@ pub enum NameRule {
     Dns1123Label,
     /// Services.
     Dns1035Label,
+    /// RBAC roles and bindings: only a valid path segment (`system:node` is a valid name).
+    PathSegment,
 }
 
 impl NameRule {
@@ -98,6 +100,7 @@ impl NameRule {
             NameRule::Dns1123Subdomain => dns1123_subdomain_errors(name),
             NameRule::Dns1123Label => dns1123_label_errors(name),
             NameRule::Dns1035Label => dns1035_label_errors(name),
+            NameRule::PathSegment => vec![],
         });
         errs
     }

@@ -14,6 +14,7 @@ mod discovery;
 pub mod events;
 mod node;
 mod pod;
+pub mod rbac;
 mod service;
 
 use k8s_openapi::jiff::Timestamp;
@@ -177,6 +178,34 @@ static EVENTS_V1_EVENT: KindRules = KindRules {
     row: events::events_v1_row,
     field: events::events_v1_field,
 };
+static ROLE: KindRules = KindRules {
+    default: no_defaults,
+    validate: rbac::validate_role,
+    columns: rbac::role_columns,
+    row: common::default_row,
+    field: common::meta_field,
+};
+static CLUSTER_ROLE: KindRules = KindRules {
+    default: no_defaults,
+    validate: rbac::validate_cluster_role,
+    columns: rbac::role_columns,
+    row: common::default_row,
+    field: common::meta_field,
+};
+static ROLE_BINDING: KindRules = KindRules {
+    default: rbac::default_role_binding,
+    validate: rbac::validate_role_binding,
+    columns: rbac::binding_columns,
+    row: rbac::role_binding_row,
+    field: common::meta_field,
+};
+static CLUSTER_ROLE_BINDING: KindRules = KindRules {
+    default: rbac::default_cluster_role_binding,
+    validate: rbac::validate_cluster_role_binding,
+    columns: rbac::binding_columns,
+    row: rbac::cluster_role_binding_row,
+    field: common::meta_field,
+};
 static SCALE: KindRules = KindRules {
     default: no_defaults,
     validate: autoscaling::validate,
@@ -205,6 +234,10 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("coordination.k8s.io", "Lease") => &LEASE,
         ("events.k8s.io", "Event") => &EVENTS_V1_EVENT,
         ("autoscaling", "Scale") => &SCALE,
+        (rbac::GROUP, "Role") => &ROLE,
+        (rbac::GROUP, "ClusterRole") => &CLUSTER_ROLE,
+        (rbac::GROUP, "RoleBinding") => &ROLE_BINDING,
+        (rbac::GROUP, "ClusterRoleBinding") => &CLUSTER_ROLE_BINDING,
         _ => return None,
     })
 }
@@ -227,7 +260,10 @@ mod tests {
         } else {
             format!("{group}/v1")
         };
-        let namespaced = !matches!(kind, "Namespace" | "Node");
+        let namespaced = !matches!(
+            kind,
+            "Namespace" | "Node" | "ClusterRole" | "ClusterRoleBinding"
+        );
         let mut v = json!({
             "apiVersion": api_version, "kind": kind,
             "metadata": {"name": "web", "creationTimestamp": "2025-01-01T11:55:00Z"}
@@ -272,6 +308,14 @@ mod tests {
                 v["note"] = json!("Successfully assigned default/web-1 to node-1");
             }
             ("autoscaling", "Scale") => v["spec"] = json!({"replicas": 3}),
+            (rbac::GROUP, "Role" | "ClusterRole") => {
+                v["rules"] = json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}])
+            }
+            (rbac::GROUP, "RoleBinding" | "ClusterRoleBinding") => {
+                v["roleRef"] =
+                    json!({"apiGroup": rbac::GROUP, "kind": "ClusterRole", "name": "view"});
+                v["subjects"] = json!([{"kind": "User", "name": "jane"}]);
+            }
             _ => {}
         }
         v
@@ -295,6 +339,10 @@ mod tests {
         ("coordination.k8s.io", "Lease"),
         ("events.k8s.io", "Event"),
         ("autoscaling", "Scale"),
+        (rbac::GROUP, "Role"),
+        (rbac::GROUP, "ClusterRole"),
+        (rbac::GROUP, "RoleBinding"),
+        (rbac::GROUP, "ClusterRoleBinding"),
     ];
 
     #[test]

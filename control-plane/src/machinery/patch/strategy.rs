@@ -257,7 +257,12 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         | ("discovery.k8s.io", "EndpointSlice")
         | ("coordination.k8s.io", "Lease")
         | ("events.k8s.io", "Event")
-        | ("autoscaling", "Scale") => &METADATA_ONLY,
+        | ("autoscaling", "Scale")
+        // Rules, subjects and aggregation selectors are atomic lists in k8s.io/api.
+        | (
+            "rbac.authorization.k8s.io",
+            "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding",
+        ) => &METADATA_ONLY,
         _ => return None,
     })
 }
