@@ -52,7 +52,7 @@ fn encode<T: serde::Serialize>(t: T) -> Result<Value, ApiError> {
 
 /// A stored object in the shape of `r`.
 pub fn from_storage(r: &Resource, stored: Value) -> Result<Value, ApiError> {
-    match r.stored_as {
+    match r.stored_as() {
         None => Ok(stored),
         Some(c) => (c.from_storage)(stored),
     }
@@ -60,7 +60,7 @@ pub fn from_storage(r: &Resource, stored: Value) -> Result<Value, ApiError> {
 
 /// The bytes to store for `obj` (in the shape of `r`).
 pub fn stored_bytes(r: &Resource, obj: &Value) -> Result<Bytes, ApiError> {
-    let bytes = match r.stored_as {
+    let bytes = match r.stored_as() {
         None => serde_json::to_vec(obj),
         Some(c) => serde_json::to_vec(&(c.to_storage)(obj.clone())?),
     };
@@ -70,7 +70,7 @@ pub fn stored_bytes(r: &Resource, obj: &Value) -> Result<Bytes, ApiError> {
 /// A cached object's JSON in the shape of `r` (the cached bytes themselves when no
 /// conversion applies).
 pub fn served(r: &Resource, o: &CachedObject) -> Result<Bytes, ApiError> {
-    match r.stored_as {
+    match r.stored_as() {
         None => Ok(o.json.clone()),
         Some(_) => {
             let v = served_value(r, o)?;

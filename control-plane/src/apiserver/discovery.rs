@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use serde_json::{json, Value};
 
 use super::output::{self, Resp};
-use super::registry::{self, Resource, Scope, Subresource, RESOURCES};
+use super::registry::{self, Resource, Scope, Storage, Subresource, RESOURCES};
 
 /// The Kubernetes version the API types are (k8s-openapi's v1_33).
 pub const MAJOR: &str = "1";
@@ -241,7 +241,7 @@ pub fn field_validation_parameter(v2: bool) -> Value {
 
 /// A resource's collection and item paths with their operations, each marked with the
 /// resource's group-version-kind and declaring the `fieldValidation` parameter on writes.
-pub fn resource_paths(r: &Resource, gv_path: &str, v2: bool) -> [(String, Value); 2] {
+pub fn resource_paths(r: &Resource, gv_path: &str, v2: bool) -> Vec<(String, Value)> {
     let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
     let base = if r.namespaced() {
         format!("/{gv_path}/namespaces/{{namespace}}/{}", r.plural)
@@ -257,7 +257,11 @@ pub fn resource_paths(r: &Resource, gv_path: &str, v2: bool) -> [(String, Value)
             "responses": {"200": {"description": "OK"}},
         })
     };
-    [
+    if matches!(r.storage, Storage::None) {
+        // Answered, never stored: only a create.
+        return vec![(base, json!({"post": op("post", "create")}))];
+    }
+    vec![
         (
             base.clone(),
             json!({"post": op("post", "create"), "get": op("list", "list")}),

@@ -17,6 +17,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use super::auth::{self, UserInfo};
+use super::authz::{self, attributes::Attributes};
 use super::discovery;
 use super::handlers::{self, Call, Ctx};
 use super::negotiate::{self, MAX_BODY_BYTES};
@@ -176,16 +177,20 @@ async fn route(
             })
         }
         "/version" => return Ok(output::ok(&discovery::version())),
-        "/metrics" => {
-            return Ok(output::bytes(
-                StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ctx.metrics.render(),
-            ))
-        }
         _ => {}
     }
     let user = auth.check(&req, peer)?;
+    let user = authz::impersonation::impersonate(ctx, user, req.headers()).await?;
+    let attributes = Attributes::of_request(req.method(), &path, query);
+    authz::check(ctx, &user, &attributes).await?;
+    if path == "/metrics" {
+        // Kubernetes' system:monitoring role grants it.
+        return Ok(output::bytes(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ctx.metrics.render(),
+        ));
+    }
     if req.method() == Method::GET {
         if path == "/openapi/v2" || path == "/openapi/v2/" {
             let accept = req

@@ -15,6 +15,7 @@
 
 pub mod allocation;
 pub mod auth;
+pub mod authz;
 mod conversion;
 mod discovery;
 mod handlers;
@@ -133,7 +134,7 @@ impl Server {
         let shared: Arc<dyn Store> = Arc::new(store.clone());
         let specs = registry::RESOURCES
             .iter()
-            .filter(|r| r.stored_as.is_none())
+            .filter(|r| r.cached())
             .map(|r| CacheSpec {
                 prefix: r.prefix(),
                 fields: r.selectable_fields(),
@@ -153,10 +154,13 @@ impl Server {
         let allocator = Allocator::new(config.service_cidr, config.node_ports.clone());
         restore_allocations(&cache, &allocator)?;
         let shutdown = CancellationToken::new();
+        authz::bootstrap::reconcile(shared.as_ref()).await?;
+        let authz = authz::Authorizer::new(&cache);
         let ctx = Arc::new(Ctx {
             store: shared.clone(),
             cache,
             allocator,
+            authz,
             shutdown: shutdown.clone(),
             metrics: Metrics::new(),
             bookmark_interval: config.bookmark_interval,

@@ -7,8 +7,10 @@
 
 use k8s_openapi::ByteString;
 use k8s_pb::api::apps::v1 as apps;
+use k8s_pb::api::authorization::v1 as authorization;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::api::policy::v1 as policy;
+use k8s_pb::api::rbac::v1 as rbac;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_pb::apimachinery::pkg::runtime::Unknown;
 use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
@@ -43,6 +45,103 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
             obj(vec![
                 ("metadata", Some(object_meta(e.metadata))),
                 ("deleteOptions", e.delete_options.map(delete_options)),
+            ])
+        }
+        ("rbac.authorization.k8s.io/v1", "Role") => {
+            let r = rbac::Role::decode(&*bytes).map_err(bad)?;
+            obj(vec![
+                ("metadata", Some(object_meta(r.metadata))),
+                ("rules", Some(policy_rules(r.rules))),
+            ])
+        }
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
+            let r = rbac::ClusterRole::decode(&*bytes).map_err(bad)?;
+            let aggregation = r.aggregation_rule.map(|a| {
+                let selectors: Vec<Value> = a
+                    .cluster_role_selectors
+                    .into_iter()
+                    .filter_map(|l| label_selector(Some(l)))
+                    .collect();
+                json!({"clusterRoleSelectors": selectors})
+            });
+            obj(vec![
+                ("metadata", Some(object_meta(r.metadata))),
+                ("rules", Some(policy_rules(r.rules))),
+                ("aggregationRule", aggregation),
+            ])
+        }
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
+            let b = rbac::RoleBinding::decode(&*bytes).map_err(bad)?;
+            binding(b.metadata, b.subjects, b.role_ref)
+        }
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            let b = rbac::ClusterRoleBinding::decode(&*bytes).map_err(bad)?;
+            binding(b.metadata, b.subjects, b.role_ref)
+        }
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => {
+            let r = authorization::SelfSubjectAccessReview::decode(&*bytes).map_err(bad)?;
+            let spec = r.spec.unwrap_or_default();
+            obj(vec![
+                ("metadata", Some(object_meta(r.metadata))),
+                (
+                    "spec",
+                    Some(obj(vec![
+                        (
+                            "resourceAttributes",
+                            resource_attributes(spec.resource_attributes)?,
+                        ),
+                        (
+                            "nonResourceAttributes",
+                            non_resource_attributes(spec.non_resource_attributes),
+                        ),
+                    ])),
+                ),
+            ])
+        }
+        ("authorization.k8s.io/v1", "SubjectAccessReview" | "LocalSubjectAccessReview") => {
+            let (meta, spec) = if kind == "SubjectAccessReview" {
+                let r = authorization::SubjectAccessReview::decode(&*bytes).map_err(bad)?;
+                (r.metadata, r.spec)
+            } else {
+                let r = authorization::LocalSubjectAccessReview::decode(&*bytes).map_err(bad)?;
+                (r.metadata, r.spec)
+            };
+            let spec = spec.unwrap_or_default();
+            let extra = (!spec.extra.is_empty()).then(|| {
+                Value::Object(
+                    spec.extra
+                        .into_iter()
+                        .map(|(k, v)| (k, json!(v.items)))
+                        .collect(),
+                )
+            });
+            obj(vec![
+                ("metadata", Some(object_meta(meta))),
+                (
+                    "spec",
+                    Some(obj(vec![
+                        (
+                            "resourceAttributes",
+                            resource_attributes(spec.resource_attributes)?,
+                        ),
+                        (
+                            "nonResourceAttributes",
+                            non_resource_attributes(spec.non_resource_attributes),
+                        ),
+                        ("user", s(spec.user)),
+                        ("groups", strings(spec.groups)),
+                        ("extra", extra),
+                        ("uid", s(spec.uid)),
+                    ])),
+                ),
+            ])
+        }
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => {
+            let r = authorization::SelfSubjectRulesReview::decode(&*bytes).map_err(bad)?;
+            let namespace = r.spec.and_then(|sp| s(sp.namespace));
+            obj(vec![
+                ("metadata", Some(object_meta(r.metadata))),
+                ("spec", Some(obj(vec![("namespace", namespace)]))),
             ])
         }
         ("v1", "ServiceAccount") => {
@@ -182,6 +281,101 @@ fn label_selector(l: Option<meta::LabelSelector>) -> Option<Value> {
             }),
         ),
     ]))
+}
+
+/// rbac.v1 PolicyRules (`verbs` is required, so always written).
+fn policy_rules(rules: Vec<rbac::PolicyRule>) -> Value {
+    Value::Array(
+        rules
+            .into_iter()
+            .map(|r| {
+                obj(vec![
+                    ("verbs", Some(json!(r.verbs))),
+                    ("apiGroups", strings(r.api_groups)),
+                    ("resources", strings(r.resources)),
+                    ("resourceNames", strings(r.resource_names)),
+                    ("nonResourceURLs", strings(r.non_resource_ur_ls)),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// A RoleBinding or ClusterRoleBinding (roleRef's and subjects' kind and name are required).
+fn binding(
+    metadata: Option<meta::ObjectMeta>,
+    subjects: Vec<rbac::Subject>,
+    role_ref: Option<rbac::RoleRef>,
+) -> Value {
+    let r = role_ref.unwrap_or_default();
+    let subjects = (!subjects.is_empty()).then(|| {
+        Value::Array(
+            subjects
+                .into_iter()
+                .map(|x| {
+                    obj(vec![
+                        ("kind", Some(json!(x.kind.unwrap_or_default()))),
+                        ("apiGroup", s(x.api_group)),
+                        ("name", Some(json!(x.name.unwrap_or_default()))),
+                        ("namespace", s(x.namespace)),
+                    ])
+                })
+                .collect(),
+        )
+    });
+    obj(vec![
+        ("metadata", Some(object_meta(metadata))),
+        ("subjects", subjects),
+        (
+            "roleRef",
+            Some(json!({
+                "apiGroup": r.api_group.unwrap_or_default(),
+                "kind": r.kind.unwrap_or_default(),
+                "name": r.name.unwrap_or_default(),
+            })),
+        ),
+    ])
+}
+
+/// authorization.v1 ResourceAttributes; selectors only in their raw form.
+fn resource_attributes(
+    a: Option<authorization::ResourceAttributes>,
+) -> Result<Option<Value>, ApiError> {
+    let Some(a) = a else {
+        return Ok(None);
+    };
+    let raw = |sel: Option<(Option<String>, usize)>| -> Result<Option<Value>, ApiError> {
+        match sel {
+            None => Ok(None),
+            Some((_, n)) if n > 0 => Err(unsupported("selector requirements")),
+            Some((raw, _)) => Ok(s(raw).map(|r| json!({"rawSelector": r}))),
+        }
+    };
+    Ok(Some(obj(vec![
+        ("namespace", s(a.namespace)),
+        ("verb", s(a.verb)),
+        ("group", s(a.group)),
+        ("version", s(a.version)),
+        ("resource", s(a.resource)),
+        ("subresource", s(a.subresource)),
+        ("name", s(a.name)),
+        (
+            "fieldSelector",
+            raw(a
+                .field_selector
+                .map(|f| (f.raw_selector, f.requirements.len())))?,
+        ),
+        (
+            "labelSelector",
+            raw(a
+                .label_selector
+                .map(|l| (l.raw_selector, l.requirements.len())))?,
+        ),
+    ])))
+}
+
+fn non_resource_attributes(a: Option<authorization::NonResourceAttributes>) -> Option<Value> {
+    a.map(|a| obj(vec![("path", s(a.path)), ("verb", s(a.verb))]))
 }
 
 fn int_or_string(v: Option<IntOrString>) -> Option<Value> {

@@ -72,11 +72,22 @@ pub struct Resource {
     /// Fields with a watch channel per value (O(changed) fan-out).
     pub indexed: &'static [&'static str],
     pub status_on_create: StatusOnCreate,
-    /// Served from another resource's storage, converted on the way in and out (None: its
-    /// own storage).
-    pub stored_as: Option<&'static Conversion>,
+    /// Where its objects live.
+    pub storage: Storage,
     /// Its OpenAPI schema (from the k8s-openapi type), for `kubectl explain`.
     pub schema: Schema,
+}
+
+/// Where a resource's objects live.
+#[derive(Debug)]
+pub enum Storage {
+    /// In the store under its own prefix (and in the watch cache).
+    Own,
+    /// In another resource's storage, converted on the way in and out.
+    View(&'static Conversion),
+    /// Nowhere: a create is answered at once and nothing is kept (access and token
+    /// reviews). The only verb is `create`.
+    None,
 }
 
 /// How a resource's OpenAPI schema is made: its component name and its schema, which
@@ -99,6 +110,9 @@ const fn schema<K: schemars::JsonSchema>() -> Schema {
         build: K::json_schema,
     }
 }
+
+/// The verbs of a resource that answers creates without storing anything.
+const CREATE_ONLY: &[&str] = &["create"];
 
 const VERBS: &[&str] = &[
     "create",
@@ -130,7 +144,23 @@ impl Resource {
     }
 
     pub fn verbs(&self) -> &'static [&'static str] {
-        VERBS
+        match self.storage {
+            Storage::None => CREATE_ONLY,
+            Storage::Own | Storage::View(_) => VERBS,
+        }
+    }
+
+    /// The conversion of a view (None: the resource is stored as served, or not at all).
+    pub fn stored_as(&self) -> Option<&'static Conversion> {
+        match self.storage {
+            Storage::View(c) => Some(c),
+            Storage::Own | Storage::None => None,
+        }
+    }
+
+    /// Whether the watch cache keeps this resource's own objects.
+    pub fn cached(&self) -> bool {
+        matches!(self.storage, Storage::Own)
     }
 
     pub fn has(&self, s: Subresource) -> bool {
@@ -141,7 +171,7 @@ impl Resource {
     /// the storage resource, for a view).
     pub fn prefix(&self) -> String {
         let (group, plural) = self
-            .stored_as
+            .stored_as()
             .map_or((self.group, self.plural), |c| (c.storage.0, c.storage.2));
         let g = if group.is_empty() { "core" } else { group };
         format!("/{g}/{plural}/")
@@ -162,7 +192,7 @@ impl Resource {
 
     /// The resource whose storage holds this one's objects (itself unless it is a view).
     pub fn storage(&'static self) -> &'static Resource {
-        self.stored_as
+        self.stored_as()
             .and_then(|c| find(c.storage.0, c.storage.1, c.storage.2))
             .unwrap_or(self)
     }
@@ -196,7 +226,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["status.phase"],
         indexed: NONE,
         status_on_create: StatusOnCreate::Reset,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::Namespace>(),
     },
     Resource {
@@ -220,7 +250,7 @@ pub static RESOURCES: &[Resource] = &[
         ],
         indexed: &["spec.nodeName", "metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::Pod>(),
     },
     Resource {
@@ -236,7 +266,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["spec.clusterIP", "spec.type"],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::Service>(),
     },
     Resource {
@@ -252,7 +282,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::Endpoints>(),
     },
     Resource {
@@ -268,7 +298,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["spec.unschedulable"],
         indexed: NONE,
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::Node>(),
     },
     Resource {
@@ -296,7 +326,7 @@ pub static RESOURCES: &[Resource] = &[
         ],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::Event>(),
     },
     Resource {
@@ -312,7 +342,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::ConfigMap>(),
     },
     Resource {
@@ -328,7 +358,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["type"],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::Secret>(),
     },
     Resource {
@@ -344,7 +374,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::core::v1::ServiceAccount>(),
     },
     Resource {
@@ -360,7 +390,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::apps::v1::Deployment>(),
     },
     Resource {
@@ -376,7 +406,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: &["status.replicas"],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::apps::v1::ReplicaSet>(),
     },
     Resource {
@@ -392,7 +422,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::apps::v1::DaemonSet>(),
     },
     Resource {
@@ -408,7 +438,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::discovery::v1::EndpointSlice>(),
     },
     Resource {
@@ -424,7 +454,7 @@ pub static RESOURCES: &[Resource] = &[
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: None,
+        storage: Storage::Own,
         schema: schema::<k8s_openapi::api::coordination::v1::Lease>(),
     },
     Resource {
@@ -451,8 +481,136 @@ pub static RESOURCES: &[Resource] = &[
         ],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
-        stored_as: Some(&EVENTS_V1),
+        storage: Storage::View(&EVENTS_V1),
         schema: schema::<k8s_openapi::api::events::v1::Event>(),
+    },
+    Resource {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "ClusterRole",
+        plural: "clusterroles",
+        singular: "clusterrole",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::rbac::v1::ClusterRole>(),
+    },
+    Resource {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "ClusterRoleBinding",
+        plural: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(),
+    },
+    Resource {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "Role",
+        plural: "roles",
+        singular: "role",
+        scope: Scope::Namespaced,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::rbac::v1::Role>(),
+    },
+    Resource {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "RoleBinding",
+        plural: "rolebindings",
+        singular: "rolebinding",
+        scope: Scope::Namespaced,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::rbac::v1::RoleBinding>(),
+    },
+    Resource {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "LocalSubjectAccessReview",
+        plural: "localsubjectaccessreviews",
+        singular: "localsubjectaccessreview",
+        scope: Scope::Namespaced,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::None,
+        schema: schema::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(),
+    },
+    Resource {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "SelfSubjectAccessReview",
+        plural: "selfsubjectaccessreviews",
+        singular: "selfsubjectaccessreview",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::None,
+        schema: schema::<k8s_openapi::api::authorization::v1::SelfSubjectAccessReview>(),
+    },
+    Resource {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "SelfSubjectRulesReview",
+        plural: "selfsubjectrulesreviews",
+        singular: "selfsubjectrulesreview",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::None,
+        schema: schema::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(),
+    },
+    Resource {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "SubjectAccessReview",
+        plural: "subjectaccessreviews",
+        singular: "subjectaccessreview",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::None,
+        schema: schema::<k8s_openapi::api::authorization::v1::SubjectAccessReview>(),
     },
 ];
 
@@ -507,8 +665,8 @@ mod tests {
 
     #[test]
     fn no_two_resources_share_a_store_prefix_unless_intended() {
-        let stored: Vec<&Resource> = RESOURCES.iter().filter(|r| r.stored_as.is_none()).collect();
-        for view in RESOURCES.iter().filter(|r| r.stored_as.is_some()) {
+        let stored: Vec<&Resource> = RESOURCES.iter().filter(|r| r.cached()).collect();
+        for view in RESOURCES.iter().filter(|r| r.stored_as().is_some()) {
             let storage = stored.iter().find(|s| s.prefix() == view.prefix());
             assert!(
                 storage.is_some(),
@@ -516,7 +674,7 @@ mod tests {
                 view.plural
             );
             for f in view.selectable_fields() {
-                let c = view.stored_as.unwrap();
+                let c = view.stored_as().unwrap();
                 let to = (c.field)(f).unwrap_or_else(|| panic!("{f} of {}", view.plural));
                 assert!(
                     storage.unwrap().selectable_fields().contains(&to),

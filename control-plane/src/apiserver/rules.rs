@@ -65,7 +65,7 @@ pub fn selection(
     let stored_fields = stored.selectable_fields();
     let view_fields = r.selectable_fields();
     let position = move |f: &str| -> Option<usize> {
-        let f = match r.stored_as {
+        let f = match r.stored_as() {
             None => f,
             Some(c) => view_fields.contains(&f).then(|| (c.field)(f)).flatten()?,
         };

@@ -3,13 +3,14 @@
 //! [`deployment`], [`replicaset`], [`endpointslice`] and [`endpoints`] (with what both ask
 //! of Services in [`serviceendpoints`]), [`garbagecollector`], [`namespace`] (both learn
 //! what is served from [`discovery`]), [`nodelifecycle`] (with [`tainteviction`] and
-//! [`podgc`]), [`nodeipam`], [`daemonset`]; [`pods`] holds what they ask of pods; [`manager`]
+//! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`]; [`pods`] holds what they ask of pods; [`manager`]
 //! runs the enabled ones under leader election with health and metrics; [`flags`] are the
 //! controller-manager's command-line flags.
 //!
 //! [`run`] runs one leadership term: it builds the enabled controllers over one set of shared
 //! informers, waits for the caches to sync, and reconciles until cancelled.
 
+pub mod clusterroleaggregation;
 pub mod daemonset;
 pub mod deployment;
 pub mod discovery;
@@ -56,10 +57,11 @@ pub enum ControllerName {
     PodGc,
     NodeIpam,
     DaemonSet,
+    ClusterRoleAggregation,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 11] = [
+    pub const ALL: [ControllerName; 12] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -71,6 +73,7 @@ impl ControllerName {
         ControllerName::PodGc,
         ControllerName::NodeIpam,
         ControllerName::DaemonSet,
+        ControllerName::ClusterRoleAggregation,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -86,6 +89,7 @@ impl ControllerName {
             ControllerName::PodGc => "podgc",
             ControllerName::NodeIpam => "nodeipam",
             ControllerName::DaemonSet => "daemonset",
+            ControllerName::ClusterRoleAggregation => "clusterrole-aggregation",
         }
     }
 
@@ -103,6 +107,7 @@ impl ControllerName {
             ControllerName::PodGc => "pod-garbage-collector-controller",
             ControllerName::NodeIpam => "node-ipam-controller",
             ControllerName::DaemonSet => "daemonset-controller",
+            ControllerName::ClusterRoleAggregation => "clusterrole-aggregation-controller",
         }
     }
 }
@@ -309,6 +314,9 @@ pub async fn run(
     }
     if on(ControllerName::DaemonSet) {
         tasks.push(Box::pin(daemonset::build(&ctx).run(t())));
+    }
+    if on(ControllerName::ClusterRoleAggregation) {
+        tasks.push(Box::pin(clusterroleaggregation::build(&ctx).run(t())));
     }
     if on(ControllerName::Namespace) {
         tasks.push(Box::pin(namespace::build(&ctx).run(t())));

@@ -6,7 +6,7 @@
 use crate::names::NodeName;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, Namespace, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus,
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus,
     NodeSystemInfo,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -290,21 +290,8 @@ pub async fn renew_lease(
     duration_secs: i32,
 ) -> Result<(), kube::Error> {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let ns: Api<Namespace> = Api::all(client.clone());
-    if ns.get_opt(LEASE_NAMESPACE).await?.is_none() {
-        let n = Namespace {
-            metadata: ObjectMeta {
-                name: Some(LEASE_NAMESPACE.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match ns.create(&PostParams::default(), &n).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e),
-        }
-    }
+    // kube-node-lease is a system namespace the API server creates; a node may not read
+    // namespaces (Kubernetes' Node authorizer), so it does not look.
     let api: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
     let micro_now = MicroTime(crate::pod::now().0);
     let spec = LeaseSpec {

@@ -6,6 +6,7 @@ mod delete;
 mod kubelet;
 mod proxy;
 mod read;
+mod reviews;
 mod subresources;
 mod watch;
 mod write;
@@ -21,9 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::allocation::Allocator;
 use super::auth::UserInfo;
+use super::authz::Authorizer;
 use super::metrics::Metrics;
 use super::output::Resp;
-use super::registry::{self, Resource, Subresource};
+use super::registry::{self, Resource, Storage, Subresource};
 use super::request::{ListOptions, ResourcePath};
 use crate::machinery::ApiError;
 use crate::store::cache::{Cache, CachedObject, ResourceCache};
@@ -38,6 +40,8 @@ pub struct Ctx {
     pub cache: Arc<Cache>,
     /// ClusterIPs and NodePorts of Services.
     pub allocator: Allocator,
+    /// Who may do what (RBAC and the Node authorizer over the cache).
+    pub authz: Authorizer,
     pub shutdown: CancellationToken,
     pub metrics: Metrics,
     /// How often an idle watch with allowWatchBookmarks gets a BOOKMARK.
@@ -145,6 +149,14 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
             "{} is not namespaced",
             r.plural
         )));
+    }
+    if matches!(r.storage, Storage::None) {
+        return match (call.method, &call.path.name, &call.path.subresource) {
+            (&Method::POST, None, None) => reviews::create(ctx, &call).await,
+            (m, _, _) => Err(ApiError::method_not_allowed(format!(
+                "the server does not allow this method on the requested resource ({m})"
+            ))),
+        };
     }
     let sub = match call.path.subresource.as_deref() {
         None => None,

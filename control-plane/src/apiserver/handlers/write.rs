@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::read::current;
 use super::{check_kind, store_error, Call, Ctx};
+use crate::apiserver::authz::escalation;
 use crate::apiserver::negotiate::{self, BodyFormat};
 use crate::apiserver::output::{self, Resp};
 use crate::apiserver::registry::{Resource, StatusOnCreate, Subresource};
@@ -137,6 +138,7 @@ fn place(r: &Resource, ns: Option<&str>, obj: &mut Value) -> Result<(), ApiError
 pub async fn create(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, ApiError> {
     let opts = options(call)?;
     let obj = decode_body(call, &opts)?;
+    escalation::check(ctx, call.user, call.resource, call.namespace(), &obj, None).await?;
     let stored = create_object(ctx, call.resource, call.namespace(), obj, &opts).await?;
     Ok(output::json(StatusCode::CREATED, &stored))
 }
@@ -316,6 +318,7 @@ pub async fn patch(
                 .or_insert_with(|| json!(name));
             check_kind(r, &mut obj)?;
             strict(r, &obj, &opts)?;
+            escalation::check(ctx, call.user, r, call.namespace(), &obj, None).await?;
             let stored = create_object(ctx, r, call.namespace(), obj, &opts).await?;
             Ok(output::json(StatusCode::CREATED, &stored))
         }
@@ -364,6 +367,7 @@ pub async fn update_object(
         if !errors.is_empty() {
             return Err(ApiError::invalid(r.group, r.kind, name, errors));
         }
+        escalation::check(ctx, call.user, r, call.namespace(), &new, Some(&cur)).await?;
         let alloc = ctx
             .allocator
             .allocate_update(r, &mut new, &cur, opts.dry_run)?;
