@@ -40,7 +40,7 @@ const CONCURRENCY: [usize; 3] = [1, 16, 64];
 const SLO_MUTATING: Duration = Duration::from_secs(1);
 
 /// Latency samples of one measurement.
-struct Sample {
+pub(super) struct Sample {
     name: String,
     concurrency: usize,
     latencies: Vec<Duration>,
@@ -101,7 +101,7 @@ fn tempdir() -> Result<PathBuf> {
     Ok(d)
 }
 
-async fn namespace(c: &Client, name: &str) -> Result<()> {
+pub(super) async fn namespace(c: &Client, name: &str) -> Result<()> {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     Api::<Namespace>::all(c.clone())
         .create(&PostParams::default(), &ns)
@@ -116,10 +116,16 @@ struct Results {
     rss_full_kib: u64,
     objects: usize,
     load_secs: f64,
+    authz: Vec<super::api_authz::Row>,
 }
 
 /// Runs `ops` operations from `concurrency` tasks; `op(task, i)` does operation i of a task.
-async fn drive<F, Fut>(name: &str, concurrency: usize, ops: usize, op: F) -> Result<Sample>
+pub(super) async fn drive<F, Fut>(
+    name: &str,
+    concurrency: usize,
+    ops: usize,
+    op: F,
+) -> Result<Sample>
 where
     F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<()>> + Send,
@@ -235,6 +241,7 @@ async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
     })
     .await?;
     let rss_full_kib = rss_kib(pid)?;
+    let authz = super::api_authz::measure(&c, server).await?;
     Ok(Results {
         samples,
         watch,
@@ -242,6 +249,7 @@ async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
         rss_full_kib,
         objects: load.latencies.len(),
         load_secs: load.elapsed.as_secs_f64(),
+        authz,
     })
 }
 
@@ -423,6 +431,8 @@ fn report(r: Results) -> Result<()> {
         r.rss_full_kib as f64 / 1024.0,
         per_object
     ));
+    let (authz_md, authz_rows) = super::api_authz::report(&r.authz);
+    md.push_str(&authz_md);
     println!("{md}");
     let out = root().join("bench-results");
     std::fs::create_dir_all(&out)?;
@@ -432,6 +442,7 @@ fn report(r: Results) -> Result<()> {
         "memory": {"objects": r.objects, "rss_empty_kib": r.rss_empty_kib, "rss_full_kib": r.rss_full_kib,
             "bytes_per_object": per_object, "load_seconds": r.load_secs},
         "slo_mutating_p99_seconds": SLO_MUTATING.as_secs_f64(),
+        "authorization": authz_rows,
     });
     let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
     let series: Vec<Series> = ["create", "update", "get", "list (100)"]

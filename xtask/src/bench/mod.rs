@@ -2,6 +2,7 @@
 //! baseline measured in the same run, and write tables, JSON and plots.
 
 pub mod api;
+pub mod api_authz;
 pub mod client;
 pub mod node;
 pub mod plot;
