@@ -85,16 +85,10 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                 ("metadata", Some(object_meta(r.metadata))),
                 (
                     "spec",
-                    Some(obj(vec![
-                        (
-                            "resourceAttributes",
-                            resource_attributes(spec.resource_attributes)?,
-                        ),
-                        (
-                            "nonResourceAttributes",
-                            non_resource_attributes(spec.non_resource_attributes),
-                        ),
-                    ])),
+                    Some(obj(access_attributes(
+                        spec.resource_attributes,
+                        spec.non_resource_attributes,
+                    )?)),
                 ),
             ])
         }
@@ -115,25 +109,17 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                         .collect(),
                 )
             });
+            let mut fields =
+                access_attributes(spec.resource_attributes, spec.non_resource_attributes)?;
+            fields.extend([
+                ("user", s(spec.user)),
+                ("groups", strings(spec.groups)),
+                ("extra", extra),
+                ("uid", s(spec.uid)),
+            ]);
             obj(vec![
                 ("metadata", Some(object_meta(meta))),
-                (
-                    "spec",
-                    Some(obj(vec![
-                        (
-                            "resourceAttributes",
-                            resource_attributes(spec.resource_attributes)?,
-                        ),
-                        (
-                            "nonResourceAttributes",
-                            non_resource_attributes(spec.non_resource_attributes),
-                        ),
-                        ("user", s(spec.user)),
-                        ("groups", strings(spec.groups)),
-                        ("extra", extra),
-                        ("uid", s(spec.uid)),
-                    ])),
-                ),
+                ("spec", Some(obj(fields))),
             ])
         }
         ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => {
@@ -372,6 +358,20 @@ fn resource_attributes(
                 .map(|l| (l.raw_selector, l.requirements.len())))?,
         ),
     ])))
+}
+
+/// The two target fields every access review's spec has.
+fn access_attributes(
+    resource: Option<authorization::ResourceAttributes>,
+    non_resource: Option<authorization::NonResourceAttributes>,
+) -> Result<Vec<(&'static str, Option<Value>)>, ApiError> {
+    Ok(vec![
+        ("resourceAttributes", resource_attributes(resource)?),
+        (
+            "nonResourceAttributes",
+            non_resource_attributes(non_resource),
+        ),
+    ])
 }
 
 fn non_resource_attributes(a: Option<authorization::NonResourceAttributes>) -> Option<Value> {
@@ -750,6 +750,81 @@ mod tests {
                 .unwrap_err()
                 .code,
             415
+        );
+    }
+
+    #[test]
+    fn decodes_rbac_objects_and_reviews_as_kubectl_sends_them() {
+        let b = rbac::RoleBinding {
+            metadata: Some(meta::ObjectMeta {
+                name: Some("viewer".into()),
+                ..Default::default()
+            }),
+            subjects: vec![rbac::Subject {
+                kind: Some("ServiceAccount".into()),
+                api_group: Some(String::new()),
+                name: Some("bot".into()),
+                namespace: Some("team".into()),
+            }],
+            role_ref: Some(rbac::RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: Some("ClusterRole".into()),
+                name: Some("view".into()),
+            }),
+        };
+        let v = decode(&envelope(
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+            b.encode_to_vec(),
+        ))
+        .unwrap();
+        assert_eq!(v["roleRef"]["name"], "view");
+        assert_eq!(
+            v["subjects"][0],
+            json!({"kind": "ServiceAccount", "name": "bot", "namespace": "team"})
+        );
+        let typed: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(v).unwrap();
+        assert_eq!(typed.metadata.name.as_deref(), Some("viewer"));
+        let r = rbac::Role {
+            metadata: None,
+            rules: vec![rbac::PolicyRule {
+                verbs: vec!["get".into()],
+                api_groups: vec![String::new()],
+                resources: vec!["pods".into()],
+                ..Default::default()
+            }],
+        };
+        let v = decode(&envelope(
+            "rbac.authorization.k8s.io/v1",
+            "Role",
+            r.encode_to_vec(),
+        ))
+        .unwrap();
+        assert_eq!(
+            v["rules"][0],
+            json!({"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]})
+        );
+        let review = authorization::SelfSubjectAccessReview {
+            spec: Some(authorization::SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(authorization::ResourceAttributes {
+                    namespace: Some("team".into()),
+                    verb: Some("list".into()),
+                    resource: Some("pods".into()),
+                    ..Default::default()
+                }),
+                non_resource_attributes: None,
+            }),
+            ..Default::default()
+        };
+        let v = decode(&envelope(
+            "authorization.k8s.io/v1",
+            "SelfSubjectAccessReview",
+            review.encode_to_vec(),
+        ))
+        .unwrap();
+        assert_eq!(
+            v["spec"],
+            json!({"resourceAttributes": {"namespace": "team", "verb": "list", "resource": "pods"}})
         );
     }
 }

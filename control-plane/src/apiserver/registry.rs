@@ -114,7 +114,8 @@ const fn schema<K: schemars::JsonSchema>() -> Schema {
 /// The verbs of a resource that answers creates without storing anything.
 const CREATE_ONLY: &[&str] = &["create"];
 
-const VERBS: &[&str] = &[
+/// The verbs of a stored resource (and of Kubernetes' "read-write" rules).
+pub const VERBS: &[&str] = &[
     "create",
     "delete",
     "deletecollection",

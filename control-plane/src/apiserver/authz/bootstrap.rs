@@ -34,16 +34,7 @@ pub const AGGREGATE_TO_VIEW: &str = "rbac.authorization.k8s.io/aggregate-to-view
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
-const READ_WRITE: &[&str] = &[
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
-];
+const READ_WRITE: &[&str] = registry::VERBS;
 const EVENTS: &[&str] = &["create", "patch", "update"];
 
 fn r(verbs: &[&str], groups: &[&str], resources: &[&str]) -> Rule {
