@@ -51,8 +51,11 @@ struct Inner {
     leader: Family<Labels, Gauge>,
     panics: Family<Labels, Counter>,
     /// Keys whose last reconciles panicked: (controller, key) -> (times in a row, message).
-    panicking: Mutex<HashMap<(&'static str, String), (u32, String)>>,
+    panicking: Mutex<HashMap<PanickingKey, (u32, String)>>,
 }
+
+/// A controller and one of its keys.
+type PanickingKey = (&'static str, String);
 
 /// After this many panics in a row on one key, the controller is reported unhealthy and an
 /// Event is written on the object.
