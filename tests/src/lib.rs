@@ -6,6 +6,8 @@
 pub mod apiserver;
 pub mod cgroup;
 pub mod cluster;
+pub mod density;
+pub mod e2e;
 pub mod kubectl;
 pub mod netns;
 pub mod order;

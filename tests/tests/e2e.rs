@@ -14,85 +14,20 @@
 //! Needs the daemons built (`cargo build -p control-plane -p node -p proxy`, which
 //! `cargo xtask test` does) and the images in the local registry (`cargo xtask images`).
 
-use serde_json::Value;
-use skiff_tests::cluster::{Binaries, Cluster, Spec};
+use skiff_tests::cluster::{Cluster, Spec};
+use skiff_tests::e2e::{self, binaries, ips, names, pod_of, pods, LoopingClient, PodView};
 use skiff_tests::kubectl::Kubectl;
 use skiff_tests::netns::unique_name;
 use skiff_tests::registry::{require_images, ECHO_IMAGE};
 use skiff_tests::{subnet, wait_until};
 use std::collections::BTreeSet;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(120);
 
-/// The daemons next to this test's binary (`target/<profile>/`).
-fn binaries() -> Binaries {
-    let exe = std::env::current_exe().expect("test binary path");
-    let profile = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>");
-    let b = Binaries::in_dir(profile);
-    assert!(
-        b.missing().is_empty(),
-        "build the daemons first (cargo build -p control-plane -p node -p proxy; cargo xtask test does): missing {:?}",
-        b.missing()
-    );
-    b
-}
-
-/// What the test needs of a pod.
-#[derive(Debug, Clone)]
-struct PodView {
-    name: String,
-    node: String,
-    ip: Option<String>,
-    phase: String,
-    ready: bool,
-    terminating: bool,
-}
-
-fn json(k: &Kubectl, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    serde_json::from_str(&k.ok(&all)).expect("kubectl printed JSON")
-}
-
-fn pods(k: &Kubectl, selector: &str) -> Vec<PodView> {
-    json(k, &["get", "pods", "-l", selector])["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|p| PodView {
-            name: p["metadata"]["name"].as_str().unwrap_or_default().into(),
-            node: p["spec"]["nodeName"].as_str().unwrap_or_default().into(),
-            ip: p["status"]["podIP"].as_str().map(str::to_string),
-            phase: p["status"]["phase"].as_str().unwrap_or_default().into(),
-            ready: p["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True"),
-            terminating: !p["metadata"]["deletionTimestamp"].is_null(),
-        })
-        .collect()
-}
-
 /// Waits until exactly `n` pods match, all Ready and none terminating.
 fn wait_ready(k: &Kubectl, selector: &str, n: usize) -> Vec<PodView> {
-    wait_until(&format!("{n} pods Ready ({selector})"), T, || {
-        let all = pods(k, selector);
-        let ok = all.len() == n
-            && all
-                .iter()
-                .all(|p| p.ready && !p.terminating && p.ip.is_some());
-        if ok {
-            Ok(all)
-        } else {
-            Err(all)
-        }
-    })
+    e2e::wait_ready(k, selector, n, T)
 }
 
 /// Backends node `i`'s maps hold for `vip`:80 (from `proxy dump`).
@@ -127,48 +62,8 @@ fn wait_programmed(c: &Cluster, vip: &str, ips: &BTreeSet<String>) -> Vec<Durati
         .collect()
 }
 
-/// One `proxy probe` run as a node-level client of node `i`: the replies (pod names) and
-/// the number of failed attempts.
 fn probe(c: &Cluster, i: usize, vip: &str, count: u32) -> (Vec<String>, usize) {
-    let out = c
-        .node_command(i, &c.state().binaries.proxy)
-        .unwrap()
-        .args([
-            "probe",
-            "http",
-            &format!("{vip}:80"),
-            "--count",
-            &count.to_string(),
-        ])
-        .output()
-        .expect("running proxy probe");
-    let mut names = Vec::new();
-    let mut failed = 0;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let v: Value = serde_json::from_str(line).expect("probe prints JSON lines");
-        match v["reply"].as_str() {
-            Some(r) if v["ok"] == true => names.push(pod_of(r)),
-            _ => failed += 1,
-        }
-    }
-    (names, failed)
-}
-
-/// `pod=<name> namespace=...` -> name.
-fn pod_of(reply: &str) -> String {
-    reply
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("pod="))
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn names(pods: &[PodView]) -> BTreeSet<String> {
-    pods.iter().map(|p| p.name.clone()).collect()
-}
-
-fn ips(pods: &[PodView]) -> BTreeSet<String> {
-    pods.iter().filter_map(|p| p.ip.clone()).collect()
+    e2e::probe(c, i, &format!("{vip}:80"), count)
 }
 
 /// The service answers node `i`'s client from exactly the pods `want`.
@@ -447,20 +342,7 @@ fn a_deployment_behind_a_service_on_two_nodes() {
     k.ok(&["patch", "deployment", "echo", "-p", &patch.to_string()]);
     k.ok(&["rollout", "status", "deployment/echo", "--timeout=180s"]);
     let before = wait_ready(&k, "app=echo", 3);
-    let mut client = c
-        .node_command(1, &c.state().binaries.proxy)
-        .unwrap()
-        .args([
-            "probe",
-            "http",
-            &format!("{vip}:80"),
-            "--until-stdin-closes",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting the looping client");
+    let client = LoopingClient::start(&c, 1, &format!("{vip}:80"));
     let t = Instant::now();
     k.ok(&["set", "env", "deployment/echo", "VERSION=2"]);
     k.ok(&["rollout", "status", "deployment/echo", "--timeout=180s"]);
@@ -475,24 +357,18 @@ fn a_deployment_behind_a_service_on_two_nodes() {
         names(&before).is_disjoint(&names(&after)),
         "all pods replaced"
     );
-    // Closing its standard input ends the client.
-    drop(client.stdin.take());
-    let out = client.wait_with_output().expect("the looping client ends");
-    let summary = String::from_utf8_lossy(&out.stderr).into_owned();
-    let failures = String::from_utf8_lossy(&out.stdout).into_owned();
-    eprintln!("  looping client: {}", summary.trim());
+    let seen = client.finish();
+    eprintln!("  looping client: {}", seen.summary);
     assert!(
-        out.status.success() && failures.is_empty(),
-        "failed requests during the rollout: {summary}\n{failures}"
+        seen.failures.is_empty(),
+        "failed requests during the rollout: {}\n{}",
+        seen.summary,
+        seen.failures
     );
-    let ok: u64 = summary
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
     assert!(
-        ok > 100,
-        "the client kept going through the rollout: {summary}"
+        seen.ok > 100,
+        "the client kept going through the rollout: {}",
+        seen.summary
     );
 
     // 6. What users look at: the events of a pod, in order.

@@ -38,7 +38,12 @@ enum Command {
     /// with node agent, containerd and eBPF proxy). `--proxy-only`: the proxy alone.
     Up(up::Opts),
     /// Stop the cluster and remove everything it made. Idempotent.
-    Down,
+    Down {
+        /// Another cluster's state directory (e.g. one a killed test left under /tmp);
+        /// default: the one `up` made (.skiff).
+        #[arg(long)]
+        state_dir: Option<std::path::PathBuf>,
+    },
     /// Run a command as a node-level process of a node of the cluster (its network
     /// namespace and cgroup): `cargo xtask node-exec node-1 -- curl http://10.96.0.10/`.
     NodeExec {
@@ -70,7 +75,7 @@ fn main() -> Result<()> {
         }
         Command::BenchClient(cmd) => bench::client::run(cmd),
         Command::Up(opts) => up::up(opts),
-        Command::Down => up::down(),
+        Command::Down { state_dir } => up::down(state_dir),
         Command::NodeExec { node, command } => up::node_exec(&node, &command),
         Command::Relay { forwards } => {
             Ok(skiff_tests::cluster::relay::Relay::run_forever(&forwards)?)

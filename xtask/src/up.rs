@@ -85,21 +85,10 @@ pub fn up(opts: Opts) -> Result<()> {
         &mut crate::ebpf::build,
     )?;
     timed("images in the local registry", &mut crate::images::all)?;
-    timed("release build of control-plane, node, proxy", &mut || {
-        crate::setup::cargo(
-            &[
-                "build",
-                "--release",
-                "-p",
-                "control-plane",
-                "-p",
-                "node",
-                "-p",
-                "proxy",
-            ],
-            &[],
-        )
-    })?;
+    timed(
+        "release build of control-plane, node, proxy",
+        &mut build_release,
+    )?;
     eprintln!("up: starting a cluster of {} nodes", opts.nodes);
     let mut spec = Spec::new(
         CLUSTER,
@@ -133,6 +122,23 @@ pub fn up(opts: Opts) -> Result<()> {
     Ok(())
 }
 
+/// The release build of the daemons a cluster runs.
+pub fn build_release() -> Result<()> {
+    crate::setup::cargo(
+        &[
+            "build",
+            "--release",
+            "-p",
+            "control-plane",
+            "-p",
+            "node",
+            "-p",
+            "proxy",
+        ],
+        &[],
+    )
+}
+
 fn print_usage(dir: &Path, s: &State) {
     let kubeconfig = dir.join("kubeconfig");
     let first = s.nodes.first().map_or("node-1", |n| n.name.as_str());
@@ -152,8 +158,8 @@ fn print_usage(dir: &Path, s: &State) {
 }
 
 /// `cargo xtask down`.
-pub fn down() -> Result<()> {
-    let dir = state_dir();
+pub fn down(dir: Option<PathBuf>) -> Result<()> {
+    let dir = dir.unwrap_or_else(state_dir);
     let t0 = Instant::now();
     let removed = cluster::down(&dir)?;
     if removed.is_empty() {
