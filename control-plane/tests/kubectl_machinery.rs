@@ -311,3 +311,54 @@ fn services_ip_families_dry_run_allocations_and_undecodable_bodies() {
         r.stderr
     );
 }
+
+#[test]
+fn kubectl_debug_adds_an_ephemeral_container_through_its_subresource() {
+    let f = start();
+    f.k.ok(&["run", "p", "--image=nginx:1.27"]);
+    // kubectl debug patches pods/p/ephemeralcontainers (kubectl crashed on the 404 before).
+    let r =
+        f.k.run(&["debug", "p", "--image=busybox", "--target=p", "--", "sh"]);
+    assert!(r.success, "{}{}", r.stdout, r.stderr);
+    let pod = get_json(&f, &["pod", "p"]);
+    let eph = &pod["spec"]["ephemeralContainers"][0];
+    assert_eq!(eph["image"], "busybox");
+    assert_eq!(eph["targetContainerName"], "p");
+    assert_eq!(
+        eph["terminationMessagePath"], "/dev/termination-log",
+        "defaulted"
+    );
+    // A target that is not one of the pod's containers is refused as Kubernetes refuses it.
+    let r =
+        f.k.run(&["debug", "p", "--image=busybox", "--target=nope", "--", "sh"]);
+    assert!(!r.success);
+    assert!(
+        r.stderr
+            .contains("targetContainerName: Not found: \"nope\""),
+        "{}",
+        r.stderr
+    );
+    // Existing ephemeral containers are never removed, through the subresource or the pod.
+    let r = f.k.run(&[
+        "patch",
+        "pod",
+        "p",
+        "--subresource=ephemeralcontainers",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/ephemeralContainers/0"}]"#,
+    ]);
+    assert!(r.stderr.contains("may not be removed"), "{}", r.stderr);
+    f.k.ok(&[
+        "patch",
+        "pod",
+        "p",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/ephemeralContainers"}]"#,
+    ]);
+    assert_eq!(
+        get_json(&f, &["pod", "p"])["spec"]["ephemeralContainers"][0]["image"],
+        "busybox"
+    );
+}

@@ -74,7 +74,7 @@ pub fn group(name: &str) -> Option<Value> {
 
 fn subresource_verbs(s: Subresource) -> Vec<String> {
     match s {
-        Subresource::Status | Subresource::Scale => {
+        Subresource::Status | Subresource::Scale | Subresource::EphemeralContainers => {
             vec!["get".into(), "patch".into(), "update".into()]
         }
         Subresource::Binding | Subresource::Eviction => vec!["create".into()],
@@ -94,7 +94,7 @@ fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str
         Subresource::Eviction => ("policy", "v1", "Eviction"),
         Subresource::Attach => ("", "v1", "PodAttachOptions"),
         Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
-        Subresource::Status => (r.group, r.version, r.kind),
+        Subresource::Status | Subresource::EphemeralContainers => (r.group, r.version, r.kind),
     }
 }
 

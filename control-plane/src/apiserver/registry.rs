@@ -22,6 +22,9 @@ pub enum Subresource {
     Attach,
     /// `pods/portforward`: a connection to pod ports, an HTTP upgrade relayed like exec.
     PortForward,
+    /// `pods/ephemeralcontainers`: the pod, whose writes change only
+    /// `spec.ephemeralContainers` (`kubectl debug`).
+    EphemeralContainers,
 }
 
 impl Subresource {
@@ -35,6 +38,7 @@ impl Subresource {
             Subresource::Eviction => "eviction",
             Subresource::Attach => "attach",
             Subresource::PortForward => "portforward",
+            Subresource::EphemeralContainers => "ephemeralcontainers",
         }
     }
 }
@@ -239,7 +243,16 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Namespaced,
         short_names: &["po"],
         categories: ALL,
-        subresources: &[Status, Binding, Eviction, Log, Exec, Attach, PortForward],
+        subresources: &[
+            Status,
+            Binding,
+            Eviction,
+            Log,
+            Exec,
+            Attach,
+            PortForward,
+            EphemeralContainers,
+        ],
         fields: &[
             "spec.nodeName",
             "status.phase",

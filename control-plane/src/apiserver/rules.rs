@@ -40,6 +40,11 @@ pub fn validate(r: &Resource, new: &Value, old: Option<&Value>) -> Vec<FieldErro
     }
 }
 
+/// Validation of a write through `pods/ephemeralcontainers`.
+pub fn validate_ephemeral(new: &Value, old: &Value) -> Vec<FieldError> {
+    kinds::validate_ephemeral_update(new, old)
+}
+
 /// The value of a field-selector field.
 pub fn field(r: &Resource, obj: &Value, path: &str) -> Option<String> {
     kind_rules(r).and_then(|k| (k.field)(obj, path))

@@ -197,6 +197,15 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
         (Method::PATCH, Some(n), Some(Subresource::Status)) => {
             write::patch(ctx, &call, &n, write::Part::Status).await
         }
+        (Method::GET, Some(n), Some(Subresource::EphemeralContainers)) => {
+            read::get(ctx, &call, &n).await
+        }
+        (Method::PUT, Some(n), Some(Subresource::EphemeralContainers)) => {
+            write::update(ctx, &call, &n, write::Part::EphemeralContainers).await
+        }
+        (Method::PATCH, Some(n), Some(Subresource::EphemeralContainers)) => {
+            write::patch(ctx, &call, &n, write::Part::EphemeralContainers).await
+        }
         (Method::GET, Some(n), Some(Subresource::Scale)) => {
             subresources::get_scale(ctx, &call, &n).await
         }

@@ -27,6 +27,8 @@ pub enum Part {
     Main,
     /// The status subresource: only `.status`.
     Status,
+    /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers`.
+    EphemeralContainers,
     /// A write the server itself composes (a binding): taken whole, without the update
     /// validation a client's write gets (which would refuse setting spec.nodeName).
     System,
@@ -363,6 +365,7 @@ pub async fn update_object(
         let errors = match part {
             Part::System => Vec::new(),
             Part::Main | Part::Status => rules::validate(r, &new, Some(&cur)),
+            Part::EphemeralContainers => rules::validate_ephemeral(&new, &cur),
         };
         if !errors.is_empty() {
             return Err(ApiError::invalid(r.group, r.kind, name, errors));
@@ -459,6 +462,28 @@ fn prepare_update(r: &Resource, part: Part, new: &mut Value, cur: &Value) -> Res
         }
         *new = merged;
         return Ok(());
+    }
+    if part == Part::EphemeralContainers {
+        // Only the ephemeral containers change (Kubernetes' ephemeral containers strategy).
+        let ephemeral = new.pointer("/spec/ephemeralContainers").cloned();
+        *new = cur.clone();
+        if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+            match ephemeral {
+                Some(e) => spec.insert("ephemeralContainers".into(), e),
+                None => spec.remove("ephemeralContainers"),
+            };
+        }
+        return Ok(());
+    }
+    if part == Part::Main && r.has(Subresource::EphemeralContainers) {
+        // ... and the main resource never changes them.
+        let kept = cur.pointer("/spec/ephemeralContainers").cloned();
+        if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+            match kept {
+                Some(e) => spec.insert("ephemeralContainers".into(), e),
+                None => spec.remove("ephemeralContainers"),
+            };
+        }
     }
     if part == Part::Main && r.has(Subresource::Status) {
         match cur.get("status") {

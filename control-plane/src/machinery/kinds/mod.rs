@@ -25,8 +25,8 @@ use super::table::TableColumnDefinition;
 
 pub use common::{format_labels, format_selector};
 pub use pod::{
-    add_default_tolerations, default_pod_spec, default_pull_policy, qos_class, validate_pod_spec,
-    validate_toleration, DEFAULT_TOLERATION_SECONDS,
+    add_default_tolerations, default_pod_spec, default_pull_policy, qos_class,
+    validate_ephemeral_update, validate_pod_spec, validate_toleration, DEFAULT_TOLERATION_SECONDS,
 };
 
 /// What the API server does with one kind beyond storing it.

@@ -7,8 +7,8 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{
-    Container, Pod, PodSpec, PodStatus, PodTemplateSpec, Probe, ResourceRequirements, Toleration,
-    Volume,
+    Container, EphemeralContainer, Pod, PodSpec, PodStatus, PodTemplateSpec, Probe,
+    ResourceRequirements, Toleration, Volume,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
@@ -51,9 +51,26 @@ pub fn default_pod_spec(spec: &mut PodSpec) {
     {
         default_container(c, host_network);
     }
+    for e in spec.ephemeral_containers.iter_mut().flatten() {
+        // An ephemeral container takes a container's defaults (pull policy, termination
+        // message), through the fields the two types share.
+        if let Some(mut c) = as_container(e) {
+            default_container(&mut c, host_network);
+            e.image_pull_policy = c.image_pull_policy;
+            e.termination_message_path = c.termination_message_path;
+            e.termination_message_policy = c.termination_message_policy;
+        }
+    }
     for v in spec.volumes.iter_mut().flatten() {
         default_volume(v);
     }
+}
+
+/// An ephemeral container as a container (the shared fields; targetContainerName dropped).
+fn as_container(e: &EphemeralContainer) -> Option<Container> {
+    let mut v = serde_json::to_value(e).ok()?;
+    v.as_object_mut()?.remove("targetContainerName");
+    serde_json::from_value(v).ok()
 }
 
 /// `IfNotPresent` for a pinned tag or digest, `Always` for `:latest` or no tag.
@@ -776,6 +793,103 @@ pub fn validate(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
     })
 }
 
+/// Fields an ephemeral container may not set (Kubernetes' validateEphemeralContainers).
+const EPHEMERAL_FORBIDDEN: &[&str] = &[
+    "ports",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "lifecycle",
+    "resources",
+    "resizePolicy",
+    "restartPolicy",
+];
+
+/// An update through `pods/ephemeralcontainers` (Kubernetes'
+/// ValidatePodEphemeralContainersUpdate): ephemeral containers are only added, never changed
+/// or removed; each is a valid container without ports, probes, lifecycle or resources,
+/// named uniquely in the pod, and its target is one of the pod's containers.
+pub fn validate_ephemeral_update(new: &Value, old: &Value) -> Vec<FieldError> {
+    validate_typed(new, Some(old), |new: &Pod, old: Option<&Pod>| {
+        let mut errs = vec![];
+        let path = FieldPath::new("spec").child("ephemeralContainers");
+        let (Some(spec), Some(old_spec)) = (new.spec.as_ref(), old.and_then(|o| o.spec.as_ref()))
+        else {
+            return vec![FieldError::required("spec")];
+        };
+        let now = spec.ephemeral_containers.as_deref().unwrap_or(&[]);
+        for o in old_spec.ephemeral_containers.iter().flatten() {
+            match now.iter().position(|e| e.name == o.name) {
+                None => errs.push(FieldError::forbidden(
+                    &path,
+                    &format!(
+                        "existing ephemeral containers {:?} may not be removed",
+                        o.name
+                    ),
+                )),
+                Some(i) if now[i] != *o => errs.push(FieldError::forbidden(
+                    path.index(i),
+                    &format!(
+                        "existing ephemeral containers {:?} may not be changed",
+                        o.name
+                    ),
+                )),
+                Some(_) => {}
+            }
+        }
+        let volumes: BTreeSet<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        let mut names: BTreeSet<String> = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .map(|c| c.name.clone())
+            .collect();
+        for (i, e) in now.iter().enumerate() {
+            let p = path.index(i);
+            if old_spec
+                .ephemeral_containers
+                .iter()
+                .flatten()
+                .any(|o| o == e)
+            {
+                names.insert(e.name.clone());
+                continue;
+            }
+            let raw = serde_json::to_value(e).unwrap_or_default();
+            for f in EPHEMERAL_FORBIDDEN {
+                if raw
+                    .get(*f)
+                    .is_some_and(|v| !v.is_null() && v != &Value::Object(Default::default()))
+                {
+                    errs.push(FieldError::forbidden(
+                        p.child(f),
+                        "cannot be set for an Ephemeral Container",
+                    ));
+                }
+            }
+            if let Some(c) = as_container(e) {
+                errs.extend(validate_container(&c, &p, &mut names, &volumes));
+            }
+            if let Some(t) = e.target_container_name.as_deref() {
+                let known = spec
+                    .containers
+                    .iter()
+                    .chain(spec.init_containers.iter().flatten())
+                    .any(|c| c.name == t);
+                if !known {
+                    errs.push(FieldError::not_found(p.child("targetContainerName"), t));
+                }
+            }
+        }
+        errs
+    })
+}
+
 const POD_UPDATE_MSG: &str = "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)";
 
 /// Kubernetes' `ValidatePodUpdate`: everything in the spec is fixed except container images,
@@ -817,6 +931,8 @@ fn validate_spec_update(new: &PodSpec, old: &PodSpec) -> Vec<FieldError> {
         m.image = o.image.clone();
     }
     masked.active_deadline_seconds = old.active_deadline_seconds;
+    // Ephemeral containers change only through their subresource, which keeps the rest.
+    masked.ephemeral_containers = old.ephemeral_containers.clone();
     masked.tolerations = old.tolerations.clone();
     if old.scheduling_gates.is_some()
         && new
@@ -1208,6 +1324,48 @@ mod tests {
             .into_iter()
             .map(|e| format!("{}: {}", e.field, e.message))
             .collect()
+    }
+
+    #[test]
+    fn ephemeral_containers_are_only_added() {
+        let old = pod(one_container(), json!({}));
+        let with = |eph: Value| {
+            let mut v = old.clone();
+            v["spec"]["ephemeralContainers"] = eph;
+            v
+        };
+        let debugger = json!({"name": "debugger", "image": "busybox", "targetContainerName": "web",
+                              "resources": {}, "terminationMessagePolicy": "File"});
+        let added = with(json!([debugger]));
+        assert!(validate_ephemeral_update(&added, &old).is_empty());
+        let msgs = |new: &Value, old: &Value| -> Vec<String> {
+            validate_ephemeral_update(new, old)
+                .into_iter()
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect()
+        };
+        assert_eq!(
+            msgs(&old, &added),
+            vec!["spec.ephemeralContainers: Forbidden: existing ephemeral containers \"debugger\" may not be removed"]
+        );
+        let mut changed = debugger.clone();
+        changed["image"] = json!("other");
+        assert_eq!(
+            msgs(&with(json!([changed])), &added),
+            vec!["spec.ephemeralContainers[0]: Forbidden: existing ephemeral containers \"debugger\" may not be changed"]
+        );
+        let bad = json!({"name": "web", "image": "busybox", "targetContainerName": "nope",
+                         "ports": [{"containerPort": 80}]});
+        assert_eq!(
+            msgs(&with(json!([bad])), &old),
+            vec![
+                "spec.ephemeralContainers[0].ports: Forbidden: cannot be set for an Ephemeral Container",
+                "spec.ephemeralContainers[0].name: Duplicate value: \"web\"",
+                "spec.ephemeralContainers[0].targetContainerName: Not found: \"nope\"",
+            ]
+        );
+        // Main-resource updates leave them to the subresource.
+        assert!(errors(&added, Some(&old)).is_empty());
     }
 
     #[test]
