@@ -205,6 +205,7 @@ impl Reconciler for EndpointSliceController {
     }
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
+        let started = std::time::Instant::now();
         let Some(svc) = self.services.get(key) else {
             // Its slices go with it (owner references).
             self.tracker.forget(key);
@@ -236,7 +237,8 @@ impl Reconciler for EndpointSliceController {
         if plan.is_empty() {
             return Ok(Action::AwaitChange);
         }
-        if let Err(e) = self.apply(key, plan, trigger).await {
+        let planned = started.elapsed();
+        if let Err(e) = self.apply(key, plan, trigger, planned).await {
             self.recorder.event(
                 svc.as_ref(),
                 EventType::Warning,
@@ -340,7 +342,9 @@ impl EndpointSliceController {
         key: &ObjectKey,
         mut p: plan::Plan,
         trigger: Option<k8s_openapi::jiff::Timestamp>,
+        planned: std::time::Duration,
     ) -> Result<(), ReconcileError> {
+        let started = std::time::Instant::now();
         for s in p.update.iter_mut().chain(p.create.iter_mut()) {
             let annotations = s.metadata.annotations.get_or_insert_with(BTreeMap::new);
             match trigger {
@@ -354,25 +358,44 @@ impl EndpointSliceController {
         }
         let api: Api<EndpointSlice> =
             Api::namespaced(self.client.clone(), key.namespace_or_empty());
-        for s in &p.delete {
+        // Creates and updates first, all at once (concurrent writes share the store's
+        // commits: one fsync instead of one per slice, which under a loaded disk is what an
+        // endpoint change waits for), deletes last: an endpoint moving to another slice is
+        // never missing from every slice meanwhile.
+        let (api, tracker) = (&api, &self.tracker);
+        let writes = p
+            .update
+            .iter()
+            .map(|s| (s, true))
+            .chain(p.create.iter().map(|s| (s, false)))
+            .map(|(s, existing)| async move {
+                let written = if existing {
+                    api.replace(&s.name_any(), &PostParams::default(), s)
+                        .await?
+                } else {
+                    api.create(&PostParams::default(), s).await?
+                };
+                tracker.wrote(key, &written);
+                Ok::<_, kube::Error>(())
+            });
+        futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, _>>()?;
+        let deletes = p.delete.iter().map(|s| async move {
             let name = s.name_any();
             match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => self.tracker.deleted(key, &name),
+                Ok(_) => tracker.deleted(key, &name),
                 Err(e) if api_code(&e) == Some(404) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
-        }
-        for s in &p.update {
-            let written = api
-                .replace(&s.name_any(), &PostParams::default(), s)
-                .await?;
-            self.tracker.wrote(key, &written);
-        }
-        for s in &p.create {
-            let written = api.create(&PostParams::default(), s).await?;
-            self.tracker.wrote(key, &written);
-        }
-        tracing::debug!(service = %key, created = p.create.len(), updated = p.update.len(), deleted = p.delete.len(), "endpoint slices written");
+            Ok(())
+        });
+        futures::future::join_all(deletes)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, _>>()?;
+        tracing::debug!(service = %key, created = p.create.len(), updated = p.update.len(), deleted = p.delete.len(), planned_ms = planned.as_millis() as u64, written_ms = started.elapsed().as_millis() as u64, "endpoint slices written");
         Ok(())
     }
 }
