@@ -79,7 +79,11 @@ impl Report {
 
 /// The Deployment: the echo server with a readiness probe (a new pod takes traffic only once
 /// it serves) and a preStop pause (a terminating pod leaves the endpoints first and keeps
-/// serving the connections it has), as a rollout without dropped requests needs.
+/// serving the connections it has), as a rollout without dropped requests needs. The pause
+/// must outlast the endpoint change's way to every proxy (Kubernetes' advice for any
+/// Service): on a 2-core machine running 250 containers, the control plane's writes take
+/// seconds while dozens of containers start (see the report's programming latency), so the
+/// pause is 10 s, well within the usual 30 s grace period.
 fn deployment(p: &Params) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -90,12 +94,12 @@ fn deployment(p: &Params) -> serde_json::Value {
             "template": {
                 "metadata": {"labels": {"app": p.name}},
                 "spec": {
-                    "terminationGracePeriodSeconds": 10,
+                    "terminationGracePeriodSeconds": 30,
                     "containers": [{
                         "name": "echo", "image": ECHO_IMAGE,
                         "ports": [{"containerPort": 8080}],
                         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1},
-                        "lifecycle": {"preStop": {"exec": {"command": ["/echo", "sleep", "2"]}}}
+                        "lifecycle": {"preStop": {"exec": {"command": ["/echo", "sleep", "10"]}}}
                     }]
                 }
             }

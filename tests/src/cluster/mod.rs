@@ -18,7 +18,7 @@ pub mod state;
 use crate::kubectl::Kubectl;
 use crate::netns::NetNs;
 use network::Subnet;
-use process::Placement;
+use process::{Placement, Priority};
 use relay::{Forward, Relay};
 pub use state::{Binaries, NodeState, State};
 use std::ffi::OsString;
@@ -296,7 +296,14 @@ impl Cluster {
                 "127.0.0.1:0",
             ])
             .args(&spec.control_plane_args);
-        let pid = process::spawn(&mut cmd, &self.log("control-plane"), Placement::default())?;
+        let pid = process::spawn(
+            &mut cmd,
+            &self.log("control-plane"),
+            Placement {
+                priority: Priority::System,
+                ..Placement::default()
+            },
+        )?;
         self.state.control_plane = Some(pid);
         self.save()?;
         let program = process::program_name(&spec.binaries.control_plane);
@@ -355,7 +362,14 @@ impl Cluster {
             RelayMode::Process { program, args, .. } => {
                 let mut cmd = Command::new(program);
                 cmd.args(args).args(forwards.iter().map(|f| f.to_string()));
-                let pid = process::spawn(&mut cmd, &self.log("relay"), Placement::default())?;
+                let pid = process::spawn(
+                    &mut cmd,
+                    &self.log("relay"),
+                    Placement {
+                        priority: Priority::System,
+                        ..Placement::default()
+                    },
+                )?;
                 self.state.relay = Some(pid);
                 self.state.relay_program = Some(process::program_name(program));
                 self.save()?;
@@ -438,6 +452,7 @@ impl Cluster {
             Placement {
                 netns: Some(&node.netns),
                 cgroup: Some(&node.host_cgroup()),
+                priority: Priority::System,
             },
         )?;
         self.state.nodes[i].agent = Some(pid);
@@ -513,13 +528,18 @@ impl Cluster {
             .arg(&node.cgroup)
             .arg("--bpffs")
             .arg(&node.bpffs)
-            .env("RUST_LOG", "info");
+            // SKIFF_PROXY_LOG: a tracing filter for the proxies (debugging a test).
+            .env(
+                "RUST_LOG",
+                std::env::var("SKIFF_PROXY_LOG").unwrap_or_else(|_| "info".into()),
+            );
         let pid = process::spawn(
             &mut cmd,
             &self.log(&format!("proxy-{}", node.name)),
             Placement {
                 netns: Some(&node.netns),
                 cgroup: Some(&node.host_cgroup()),
+                priority: Priority::System,
             },
         )?;
         self.state.nodes[i].proxy = Some(pid);
@@ -620,6 +640,7 @@ pub fn node_command(
     Placement {
         netns: Some(&node.netns),
         cgroup: Some(&node.host_cgroup()),
+        priority: Priority::Inherited,
     }
     .apply(&mut cmd)?;
     Ok(cmd)

@@ -86,6 +86,7 @@ fn accept_loop(listener: TcpListener, to: SocketAddr, stop: &AtomicBool) {
         }
         let Ok(inbound) = inbound else { continue };
         std::thread::spawn(move || {
+            super::process::raise_thread_priority();
             // A refused or unreachable target closes the client's connection: it retries.
             if let Ok(outbound) = TcpStream::connect(to) {
                 pipe(inbound, outbound);
