@@ -10,6 +10,11 @@
 //!   for attaching to the container's own stdio (CRI Attach).
 //! - `GET|POST /portForward/{namespace}/{pod}?port=..`: the same for a port-forward session
 //!   into the pod's sandbox (CRI PortForward; the ports travel in the streams' headers).
+//! - `GET /podTunnel/{namespace}/{pod}/{port}` with `Connection: Upgrade`, `Upgrade: tcp`:
+//!   a TCP connection from this node to that port of the pod (which must run here), spliced
+//!   to the upgraded request once the pod accepted it. The API server's pods/proxy and
+//!   services/proxy speak HTTP (or TLS) through it, so the control plane needs no route to
+//!   pod networks (the role Kubernetes gives Konnectivity).
 
 use crate::agent::pods::PodIndex;
 use crate::cri::Cri;
@@ -47,6 +52,7 @@ pub fn router(state: ApiState) -> Router {
             "/portForward/{namespace}/{pod}",
             get(port_forward).post(port_forward),
         )
+        .route("/podTunnel/{namespace}/{pod}/{port}", get(pod_tunnel))
         .with_state(state)
 }
 
@@ -390,6 +396,83 @@ async fn port_forward(
     redirect(s.cri.port_forward(&sandbox.id, ports).await)
 }
 
+/// The protocol a pod tunnel switches to: raw TCP bytes.
+const TUNNEL_PROTOCOL: &str = "tcp";
+
+/// `GET /podTunnel/{namespace}/{pod}/{port}`: connects to the pod's IP at `port` from this
+/// node, then answers 101 and splices the upgraded connection to it until either side
+/// closes. Only pods on this node, and only addresses a pod may have: a loopback, link-local
+/// or unspecified podIP (a host-network pod on a loopback node) is refused, as Kubernetes'
+/// proxy refuses them, so the tunnel cannot reach the node's own local services.
+async fn pod_tunnel(
+    State(s): State<ApiState>,
+    Path((namespace, pod, port)): Path<(String, String, u16)>,
+    mut req: axum::extract::Request,
+) -> Response {
+    let wants_tcp = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case(TUNNEL_PROTOCOL));
+    if !wants_tcp {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("a pod tunnel needs Connection: Upgrade and Upgrade: {TUNNEL_PROTOCOL}"),
+        );
+    }
+    let ip = match on_this_node(&s, &namespace, &pod, |p| {
+        p.status.as_ref().and_then(|st| st.pod_ip.clone())
+    }) {
+        Ok(Some(ip)) => ip,
+        Ok(None) => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("pod {namespace}/{pod} has no IP address yet"),
+            )
+        }
+        Err((status, msg)) => return text(status, msg),
+    };
+    let ip: std::net::IpAddr = match ip.parse() {
+        Ok(ip) if proxyable(ip) => ip,
+        _ => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("address not allowed: pod {namespace}/{pod} has IP {ip}"),
+            )
+        }
+    };
+    let addr = std::net::SocketAddr::new(ip, port);
+    let stream = match tokio::net::TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, format!("dial tcp {addr}: {e}")),
+    };
+    let _ = stream.set_nodelay(true);
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        let mut near = hyper_util::rt::TokioIo::new(upgraded);
+        let mut far = stream;
+        if let Err(e) = tokio::io::copy_bidirectional(&mut near, &mut far).await {
+            tracing::debug!(error = %e, %addr, "pod tunnel ended with an error");
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, TUNNEL_PROTOCOL)
+        .body(Body::empty())
+        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response"))
+}
+
+/// Whether a pod's address may be connected to (Kubernetes' `IsProxyableIP`).
+fn proxyable(ip: std::net::IpAddr) -> bool {
+    let link_local = match ip {
+        std::net::IpAddr::V4(v4) => v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    };
+    !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || link_local)
+}
+
 /// 302 to the runtime's streaming URL for a session, or the runtime's error.
 fn redirect(url: Result<String, crate::cri::CriError>) -> Response {
     match url {
@@ -411,6 +494,19 @@ mod tests {
         let raw = "2024-01-01T00:00:00.1Z stdout F hello\n2024-01-01T00:00:00.2Z stderr P par\n2024-01-01T00:00:00.3Z stderr F tial\n2024-01-01T00:00:00.4Z stdout F \n";
         assert_eq!(parse_cri_log(raw, false), ["hello", "partial", ""]);
         assert_eq!(parse_cri_log(raw, true)[0], "2024-01-01T00:00:00.1Z hello");
+    }
+
+    #[test]
+    fn tunnels_reach_only_pod_addresses() {
+        let ok = |s: &str| proxyable(s.parse().unwrap());
+        assert!(ok("10.244.1.5"));
+        assert!(ok("fd00::5"));
+        assert!(!ok("127.0.0.1"));
+        assert!(!ok("::1"));
+        assert!(!ok("169.254.169.254"));
+        assert!(!ok("fe80::1"));
+        assert!(!ok("0.0.0.0"));
+        assert!(!ok("224.0.0.1"));
     }
 
     #[test]

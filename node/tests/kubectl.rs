@@ -2,7 +2,9 @@
 //! own containerd: `kubectl exec` (output, stdin, exit codes; kubectl's WebSocket attempt is
 //! refused and it falls back to SPDY) and `kubectl logs` (-f, --tail, --previous), through
 //! the API server's pods/exec and pods/log relays to the agent's kubelet API; and the
-//! agent's repeated Events as one Event with a count, as `kubectl describe` shows them.
+//! agent's repeated Events as one Event with a count, as `kubectl describe` shows them; and
+//! pods/proxy, services/proxy and nodes/proxy through `kubectl get --raw` and `kubectl proxy`
+//! (the API server reaching the pod through its node agent's tunnel).
 
 mod common;
 
@@ -279,4 +281,201 @@ async fn repeated_events_are_one_event_with_a_count() {
     );
     assert!(wide.contains("COUNT"), "{wide}");
     assert_eq!(wide.lines().count(), 2, "one Event:\n{wide}");
+}
+
+/// `kubectl proxy` on a port of its own: the address it serves on; killed on drop.
+struct KubectlProxy {
+    child: Child,
+    addr: String,
+}
+
+impl KubectlProxy {
+    fn start(k: &Kubectl) -> KubectlProxy {
+        let mut child = k.spawn(&["proxy", "--port=0"]);
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                // "Starting to serve on 127.0.0.1:PORT"
+                if let Some(addr) = line.strip_prefix("Starting to serve on ") {
+                    let _ = tx.send(addr.trim().to_string());
+                }
+            }
+        });
+        let addr = rx.recv_timeout(T).expect("kubectl proxy serving");
+        KubectlProxy { child, addr }
+    }
+
+    /// A browser-style GET through the proxy: (status line, body).
+    fn get(&self, path: &str) -> (String, String) {
+        use std::io::Write;
+        let mut conn = std::net::TcpStream::connect(&self.addr).expect("kubectl proxy");
+        conn.set_read_timeout(Some(T)).unwrap();
+        write!(
+            conn,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: text/html\r\nConnection: close\r\n\r\n",
+            self.addr
+        )
+        .unwrap();
+        let mut raw = String::new();
+        conn.read_to_string(&mut raw).expect("an answer");
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let status = head.lines().next().unwrap_or_default().to_string();
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        (
+            status,
+            if chunked {
+                dechunk(body)
+            } else {
+                body.to_string()
+            },
+        )
+    }
+}
+
+/// The data of a chunked HTTP/1.1 body.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+impl Drop for KubectlProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_proxy_reaches_pods_services_and_the_node() {
+    use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
+    use control_plane::controllers::{ControllerName, Settings};
+
+    let c = Cluster::start("proxy").await;
+    c.assign_pod_cidr().await;
+    c.create_pod(
+        "web",
+        json!({"containers": [{"name": "echo", "image": ECHO_IMAGE,
+            "env": [{"name": "GREETING", "value": "hello through the proxy"}],
+            "ports": [{"name": "http", "containerPort": 8080}]}]}),
+    )
+    .await;
+    c.pods()
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
+        )
+        .await
+        .unwrap();
+    // The Endpoints controller, for services/proxy.
+    let token = tokio_util::sync::CancellationToken::new();
+    let _controllers = ControllerManager::start(
+        c.client.clone(),
+        ManagerConfig {
+            settings: Settings {
+                enabled: [ControllerName::Endpoints].into(),
+                ..Settings::default()
+            },
+            leader_election: None,
+            ops_listen: None,
+        },
+        token.clone(),
+    )
+    .await
+    .unwrap();
+    let _stop = token.drop_guard();
+    c.wait_pod("web", "web Running and Ready", running_ready)
+        .await;
+    let k = Kubectl::new(&c.kubeconfig(), &c.scratch());
+    let raw = |path: &str| kubectl(&k, &["get", "--raw", path]);
+
+    // pods/proxy: a port given, or the pod's first container port; the path goes on.
+    let pods = "/api/v1/namespaces/default/pods";
+    let r = raw(&format!("{pods}/web:8080/proxy/env/GREETING"));
+    assert!(r.success, "{}", r.stderr);
+    assert_eq!(r.stdout, "hello through the proxy\n");
+    let r = raw(&format!("{pods}/web/proxy/healthz"));
+    assert_eq!(r.stdout, "ok\n", "{}", r.stderr);
+    // `.../proxy` without a path is redirected to `.../proxy/` (the client follows it).
+    let r = raw(&format!("{pods}/web:8080/proxy"));
+    assert!(r.stdout.starts_with("pod=web namespace="), "{r:?}");
+    // The backend's own statuses pass through; a port nobody listens on cannot be reached.
+    let r = raw(&format!("{pods}/web:8080/proxy/env/NOPE"));
+    assert!(!r.success);
+    assert!(r.stderr.contains("NotFound"), "{}", r.stderr);
+    let r = raw(&format!("{pods}/web:8081/proxy/"));
+    assert!(
+        r.stderr.contains("error trying to reach service: dial tcp") && r.stderr.contains(":8081"),
+        "{}",
+        r.stderr
+    );
+    let r = raw(&format!("{pods}/ftp:web:21/proxy/"));
+    assert!(r.stderr.contains("invalid pod request"), "{}", r.stderr);
+    let r = raw(&format!("{pods}/nope:8080/proxy/"));
+    assert!(r.stderr.contains("pods \"nope\" not found"), "{}", r.stderr);
+
+    // services/proxy: to a ready endpoint, the port by name or by number.
+    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}});
+    let manifest = c.scratch().join("svc.json");
+    std::fs::create_dir_all(c.scratch()).unwrap();
+    std::fs::write(&manifest, svc.to_string()).unwrap();
+    kubectl_ok(&k, &["apply", "-f", manifest.to_str().unwrap()]);
+    let services = "/api/v1/namespaces/default/services";
+    wait_until("services/proxy through a ready endpoint", T, || {
+        let r = raw(&format!("{services}/web:http/proxy/env/GREETING"));
+        if r.stdout == "hello through the proxy\n" {
+            Ok(())
+        } else {
+            Err(r.stderr)
+        }
+    });
+    let r = raw(&format!("{services}/web:80/proxy/healthz"));
+    assert_eq!(r.stdout, "ok\n", "{}", r.stderr);
+    let r = raw(&format!("{services}/web:81/proxy/"));
+    assert!(
+        r.stderr
+            .contains("no service port 81 found for service \"web\""),
+        "{}",
+        r.stderr
+    );
+
+    // nodes/proxy: the node agent's own API.
+    let r = raw(&format!("/api/v1/nodes/{}/proxy/healthz", c.node_name()));
+    assert_eq!(r.stdout, "ok", "{}", r.stderr);
+    let r = raw(&format!("/api/v1/nodes/{}/proxy/metrics", c.node_name()));
+    assert!(r.success && r.stdout.contains("# TYPE"), "{}", r.stderr);
+
+    // kubectl proxy, then GETs through it as a browser sends them.
+    let proxy = tokio::task::block_in_place(|| KubectlProxy::start(&k));
+    let (status, body) = tokio::task::block_in_place(|| {
+        proxy.get("/api/v1/namespaces/default/pods/web:8080/proxy/env/GREETING")
+    });
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(body, "hello through the proxy\n");
+    let (status, body) = tokio::task::block_in_place(|| {
+        proxy.get("/api/v1/namespaces/default/services/web:http/proxy/")
+    });
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(body.starts_with("pod=web namespace="), "{body}");
+    let (status, _) = tokio::task::block_in_place(|| {
+        proxy.get("/api/v1/namespaces/default/services/web:http/proxy")
+    });
+    assert!(status.contains(" 301 "), "{status}");
 }

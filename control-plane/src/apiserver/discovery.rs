@@ -82,6 +82,9 @@ fn subresource_verbs(s: Subresource) -> Vec<String> {
         Subresource::Exec | Subresource::Attach | Subresource::PortForward => {
             vec!["create".into(), "get".into()]
         }
+        Subresource::Proxy => ["create", "delete", "get", "patch", "update"]
+            .map(String::from)
+            .into(),
     }
 }
 
@@ -94,7 +97,17 @@ fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str
         Subresource::Eviction => ("policy", "v1", "Eviction"),
         Subresource::Attach => ("", "v1", "PodAttachOptions"),
         Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
+        Subresource::Proxy => ("", "v1", proxy_options(r.kind)),
         Subresource::Status | Subresource::EphemeralContainers => (r.group, r.version, r.kind),
+    }
+}
+
+/// The options kind of a proxy subresource (`PodProxyOptions`, ...), as discovery names it.
+fn proxy_options(kind: &str) -> &'static str {
+    match kind {
+        "Pod" => "PodProxyOptions",
+        "Service" => "ServiceProxyOptions",
+        _ => "NodeProxyOptions",
     }
 }
 

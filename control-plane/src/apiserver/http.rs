@@ -213,7 +213,8 @@ async fn route(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let api = request::parse_path(&path).ok_or_else(|| ApiError::path_not_found(&path))?;
+    let (api_path, proxy_path) = request::split_proxy(&path).unwrap_or((&path, ""));
+    let api = request::parse_path(api_path).ok_or_else(|| ApiError::path_not_found(&path))?;
     let get_only = |m: &Method| {
         if m != Method::GET {
             Err(ApiError::method_not_allowed(format!(
@@ -282,6 +283,7 @@ async fn route(
                 query_string: &query_string,
                 upgrade,
                 user: &user,
+                proxy_path,
             };
             if legacy_binding {
                 handlers::legacy_binding(ctx, call).await

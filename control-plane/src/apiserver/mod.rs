@@ -27,6 +27,7 @@ mod negotiate;
 mod openapi_v2;
 mod output;
 mod protobuf;
+mod proxy_url;
 pub mod registry;
 mod request;
 mod rules;

@@ -25,6 +25,9 @@ pub enum Subresource {
     /// `pods/ephemeralcontainers`: the pod, whose writes change only
     /// `spec.ephemeralContainers` (`kubectl debug`).
     EphemeralContainers,
+    /// `pods/proxy`, `services/proxy`, `nodes/proxy`: any HTTP request relayed to the pod, a
+    /// ready endpoint of the service, or the node agent (`kubectl proxy`, `get --raw`).
+    Proxy,
 }
 
 impl Subresource {
@@ -39,6 +42,7 @@ impl Subresource {
             Subresource::Attach => "attach",
             Subresource::PortForward => "portforward",
             Subresource::EphemeralContainers => "ephemeralcontainers",
+            Subresource::Proxy => "proxy",
         }
     }
 }
@@ -252,6 +256,7 @@ pub static RESOURCES: &[Resource] = &[
             Attach,
             PortForward,
             EphemeralContainers,
+            Proxy,
         ],
         fields: &[
             "spec.nodeName",
@@ -276,7 +281,7 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Namespaced,
         short_names: &["svc"],
         categories: ALL,
-        subresources: &[Status],
+        subresources: &[Status, Proxy],
         fields: &["spec.clusterIP", "spec.type"],
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Reset,
@@ -308,7 +313,7 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Cluster,
         short_names: &["no"],
         categories: NONE,
-        subresources: &[Status],
+        subresources: &[Status, Proxy],
         fields: &["spec.unschedulable"],
         indexed: NONE,
         status_on_create: StatusOnCreate::Keep,

@@ -77,6 +77,25 @@ pub fn parse_path(path: &str) -> Option<ApiPath> {
     }
 }
 
+/// Splits the path of a proxy subresource (`/api/v1/namespaces/<ns>/<resource>/<name>/proxy`
+/// or `/api/v1/<resource>/<name>/proxy`, then anything) into the subresource's own path and
+/// the path relayed to the backend: `/<rest>` as the client wrote it (still escaped, empty
+/// segments kept), or "" when the path ends at `proxy` (which Kubernetes redirects to
+/// `proxy/`). None: not a proxy path.
+pub fn split_proxy(path: &str) -> Option<(&str, &str)> {
+    let segs: Vec<&str> = path.split('/').collect();
+    let head = match segs.as_slice() {
+        ["", "api", _, "namespaces", _, _, _, "proxy", ..] => 8,
+        ["", "api", _, _, _, "proxy", ..] => 6,
+        _ => return None,
+    };
+    if segs[..head].iter().skip(1).any(|s| s.is_empty()) {
+        return None;
+    }
+    let len = segs[..head].iter().map(|s| s.len() + 1).sum::<usize>() - 1;
+    Some(path.split_at(len))
+}
+
 /// The query string as a map (last value wins), percent-decoded.
 pub fn parse_query(query: Option<&str>) -> HashMap<String, String> {
     let mut out = HashMap::new();
@@ -262,6 +281,38 @@ mod tests {
         assert_eq!(parse_path("/healthz"), None);
         assert_eq!(parse_path("/api/v1/namespaces/a/pods/b/c/d"), None);
         assert_eq!(parse_path("/api/v1//pods"), None);
+    }
+
+    #[test]
+    fn proxy_paths_keep_the_relayed_path_as_written() {
+        assert_eq!(
+            split_proxy("/api/v1/namespaces/d/pods/web:8080/proxy/a//b%2F"),
+            Some(("/api/v1/namespaces/d/pods/web:8080/proxy", "/a//b%2F"))
+        );
+        assert_eq!(
+            split_proxy("/api/v1/nodes/n1/proxy"),
+            Some(("/api/v1/nodes/n1/proxy", ""))
+        );
+        assert_eq!(
+            split_proxy("/api/v1/nodes/n1/proxy/"),
+            Some(("/api/v1/nodes/n1/proxy", "/"))
+        );
+        let r = res(
+            split_proxy("/api/v1/namespaces/d/services/https:s:web/proxy/x")
+                .unwrap()
+                .0,
+        );
+        assert_eq!(
+            (
+                r.resource.as_str(),
+                r.name.as_deref(),
+                r.subresource.as_deref()
+            ),
+            ("services", Some("https:s:web"), Some("proxy"))
+        );
+        assert_eq!(split_proxy("/api/v1/namespaces/d/pods/web/log"), None);
+        assert_eq!(split_proxy("/api/v1/namespaces/d/pods//proxy/x"), None);
+        assert_eq!(split_proxy("/apis/apps/v1/deployments/x/proxy/"), None);
     }
 
     #[test]

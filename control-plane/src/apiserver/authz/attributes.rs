@@ -243,6 +243,18 @@ mod tests {
             res(&of(Method::PATCH, "/api/v1/nodes/n1/status")),
             ("patch", "", "", "nodes", "status", "n1")
         );
+        // Proxy subresources: the verb of the method, the name as written, any path after.
+        assert_eq!(
+            res(&of(
+                Method::GET,
+                "/api/v1/namespaces/a/pods/https:p:8443/proxy/x/y"
+            )),
+            ("get", "", "a", "pods", "proxy", "https:p:8443")
+        );
+        assert_eq!(
+            res(&of(Method::POST, "/api/v1/nodes/n1/proxy/")),
+            ("create", "", "", "nodes", "proxy", "n1")
+        );
     }
 
     #[test]

@@ -84,6 +84,12 @@ async fn locate_pod(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<(Value, St
         .ok_or_else(|| call.not_found(name))?
         .value()
         .map_err(ApiError::internal)?;
+    let kubelet = kubelet_of_pod(ctx, &pod, name).await?;
+    Ok((pod, kubelet))
+}
+
+/// The kubelet API of the node a pod is scheduled to.
+pub(super) async fn kubelet_of_pod(ctx: &Ctx, pod: &Value, name: &str) -> Result<String, ApiError> {
     let node = pod
         .pointer("/spec/nodeName")
         .and_then(Value::as_str)
@@ -99,14 +105,13 @@ async fn locate_pod(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<(Value, St
         .ok_or_else(|| ApiError::not_found("", "nodes", node))?
         .value()
         .map_err(ApiError::internal)?;
-    let kubelet = kubelet_of(&node_obj)
-        .ok_or_else(|| ApiError::bad_request(format!("node {node} reports no address")))?;
-    Ok((pod, kubelet))
+    kubelet_of(&node_obj)
+        .ok_or_else(|| ApiError::bad_request(format!("node {node} reports no address")))
 }
 
 /// `http://<address>:<port>` of a Node's kubelet API: its InternalIP (else ExternalIP, else
 /// Hostname) and the port it publishes in status.daemonEndpoints.
-fn kubelet_of(node: &Value) -> Option<String> {
+pub(super) fn kubelet_of(node: &Value) -> Option<String> {
     let addresses = node
         .pointer("/status/addresses")
         .and_then(Value::as_array)?;

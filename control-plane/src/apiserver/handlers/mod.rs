@@ -5,6 +5,7 @@
 mod delete;
 mod kubelet;
 mod proxy;
+mod proxy_subresource;
 mod read;
 mod reviews;
 mod subresources;
@@ -109,6 +110,9 @@ pub struct Call<'a> {
     pub upgrade: Option<OnUpgrade>,
     /// Who is calling (authenticated before the call was made).
     pub user: &'a UserInfo,
+    /// For a proxy subresource, the path relayed to the backend as the client wrote it
+    /// (`/metrics`; "" when the path ended at `proxy`); "" for everything else.
+    pub proxy_path: &'a str,
 }
 
 impl Call<'_> {
@@ -229,6 +233,7 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
             let upgrade = call.upgrade.take();
             kubelet::port_forward(ctx, &call, &n, upgrade).await
         }
+        (_, Some(n), Some(Subresource::Proxy)) => proxy_subresource::proxy(ctx, &call, &n).await,
         (Method::POST, Some(n), Some(Subresource::Binding)) => {
             subresources::bind(ctx, &call, Some(&n)).await
         }

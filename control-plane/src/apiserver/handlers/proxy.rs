@@ -42,7 +42,15 @@ pub async fn stream_get(url: &str) -> Result<Resp, ApiError> {
         return Err(kubelet_error(status, &read_limited(resp).await));
     }
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
-    let mut body = resp.into_body();
+    let mut out = Response::new(streamed(resp.into_body()));
+    if let Some(ct) = content_type {
+        out.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    Ok(out)
+}
+
+/// A far end's body relayed frame by frame as it comes (data frames only).
+pub fn streamed(mut body: Incoming) -> output::Body {
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
         while let Some(frame) = body.frame().await {
@@ -55,11 +63,7 @@ pub async fn stream_get(url: &str) -> Result<Resp, ApiError> {
         }
     });
     let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
-    let mut out = Response::new(StreamBody::new(stream).boxed_unsync());
-    if let Some(ct) = content_type {
-        out.headers_mut().insert(header::CONTENT_TYPE, ct);
-    }
-    Ok(out)
+    StreamBody::new(stream).boxed_unsync()
 }
 
 /// A kubelet's error answer as a Status for the client, its text as the message (as

@@ -159,6 +159,7 @@ pub async fn bind(ctx: &Arc<Ctx>, call: &Call<'_>, name: Option<&str>) -> Result
         query_string: call.query_string,
         upgrade: None,
         user: call.user,
+        proxy_path: "",
     };
     update_object(ctx, &pod_call, &pod, Part::System, None, &opts, |cur| {
         if expected_uid.as_deref().is_some_and(|u| Some(u) != meta::uid(cur)) {
