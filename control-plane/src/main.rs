@@ -15,7 +15,9 @@ use control_plane::apiserver::{Config, Server};
 use control_plane::controllers::flags::ControllerArgs;
 use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
 use control_plane::controllers::ControllerName;
-use control_plane::runtime::flags::LeaderElectionArgs;
+use control_plane::runtime::flags::{parse_duration, LeaderElectionArgs};
+use control_plane::store::etcd::{EtcdConfig, EtcdTls, StoreLocation};
+use control_plane::store::Backend;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
@@ -35,14 +37,74 @@ enum Command {
     /// Assign pending pods to nodes through an API server (leader-elected).
     Scheduler(SchedulerArgs),
     /// All in one: the API server, the controllers and the scheduler in one process.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
+    /// Back up the cluster's state, or restore it (see README: backups).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Save a consistent snapshot of the store to FILE: the embedded store of --data-dir
+    /// (through its running server, or directly when none runs), or etcd's (--store etcd://).
+    Save {
+        file: PathBuf,
+        /// The data directory of the embedded store.
+        #[arg(long, required_unless_present = "store")]
+        data_dir: Option<PathBuf>,
+        /// An etcd cluster to snapshot (`etcd://host:port[,...]`).
+        #[arg(long)]
+        store: Option<StoreLocation>,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Restore FILE: as the embedded store of an empty --data-dir, or (with --etcd-data-dir)
+    /// as one etcd member's fresh data directory (run it for each member).
+    Restore {
+        file: PathBuf,
+        /// The data directory to restore the embedded store into (it must have no store).
+        #[arg(
+            long,
+            required_unless_present = "etcd_data_dir",
+            conflicts_with = "etcd_data_dir"
+        )]
+        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        member: EtcdMemberArgs,
+    },
+}
+
+/// One etcd member of the restored cluster (etcdctl snapshot restore's flags).
+#[derive(Args)]
+struct EtcdMemberArgs {
+    /// The member's new data directory (it must not exist).
+    #[arg(long, requires_all = ["name", "initial_cluster", "initial_advertise_peer_urls"])]
+    etcd_data_dir: Option<PathBuf>,
+    /// The member's name.
+    #[arg(long)]
+    name: Option<String>,
+    /// Every member of the restored cluster: `name=http://host:peer-port,...`.
+    #[arg(long)]
+    initial_cluster: Option<String>,
+    /// This member's peer URL.
+    #[arg(long)]
+    initial_advertise_peer_urls: Option<String>,
+    /// The restored cluster's token (a new one, so it never joins the old cluster).
+    #[arg(long, default_value = "skiff-restored")]
+    initial_cluster_token: String,
 }
 
 #[derive(Args)]
 struct ApiserverArgs {
-    /// Directory of the store, the admin token and the default kubeconfig.
+    /// Directory of the embedded store, the admin token and the default kubeconfig.
     #[arg(long)]
     data_dir: PathBuf,
+    /// Where the cluster's state lives: `embedded` (DATA_DIR/store.redb) or an etcd cluster,
+    /// `etcd://host:port[,host:port...]`.
+    #[arg(long, default_value = "embedded")]
+    store: StoreLocation,
+    #[command(flatten)]
+    etcd: EtcdArgs,
     /// Address to serve on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: SocketAddr,
@@ -61,6 +123,57 @@ struct ApiserverArgs {
     /// Seconds between bookmarks on idle watches that allow them.
     #[arg(long, default_value_t = 30)]
     bookmark_interval: u64,
+    /// Seconds the watch cache may fail to follow the store before /livez fails (/readyz
+    /// fails at once).
+    #[arg(long, default_value_t = 120)]
+    watch_cache_liveness_grace: u64,
+}
+
+/// How to reach an etcd cluster (kube-apiserver's flags).
+#[derive(Args)]
+struct EtcdArgs {
+    /// CA certificate of the etcd members' serving certificates (TLS on when given).
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    /// Client certificate presented to etcd.
+    #[arg(long, requires = "etcd_keyfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// Key of the client certificate.
+    #[arg(long, requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
+    /// Prepended to every key in etcd (several clusters can share one etcd).
+    #[arg(long, default_value = "")]
+    etcd_prefix: String,
+    /// How often etcd's history is compacted (to where it was one interval earlier); 0: never.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    etcd_compaction_interval: Duration,
+}
+
+impl EtcdArgs {
+    /// The store the flags describe.
+    fn backend(&self, location: &StoreLocation) -> Result<Backend> {
+        let endpoints = match location {
+            StoreLocation::Embedded => {
+                if self.etcd_cafile.is_some() || self.etcd_certfile.is_some() {
+                    anyhow::bail!("--etcd-* TLS flags need --store etcd://...");
+                }
+                return Ok(Backend::Embedded);
+            }
+            StoreLocation::Etcd(endpoints) => endpoints.clone(),
+        };
+        let mut config = EtcdConfig::new(endpoints);
+        config.prefix = self.etcd_prefix.trim_end_matches('/').to_string();
+        config.compaction_interval = self.etcd_compaction_interval;
+        config.tls = match (&self.etcd_cafile, &self.etcd_certfile, &self.etcd_keyfile) {
+            (None, None, None) => None,
+            (Some(ca), cert, key) => Some(EtcdTls {
+                ca: ca.clone(),
+                identity: cert.clone().zip(key.clone()),
+            }),
+            (None, _, _) => anyhow::bail!("--etcd-certfile needs --etcd-cafile"),
+        };
+        Ok(Backend::Etcd(config))
+    }
 }
 
 #[derive(Args)]
@@ -128,13 +241,15 @@ fn main() -> Result<()> {
         Command::Apiserver(a) => rt.block_on(apiserver(a)),
         Command::ControllerManager(a) => rt.block_on(controller_manager(a)),
         Command::Scheduler(a) => rt.block_on(scheduler(a)),
-        Command::Server(a) => rt.block_on(server(a)),
+        Command::Server(a) => rt.block_on(server(*a)),
+        Command::Snapshot(c) => rt.block_on(snapshot(c)),
     }
 }
 
 /// The API server's configuration from its flags.
 fn apiserver_config(a: ApiserverArgs) -> Result<Config> {
     let mut config = Config::new(a.data_dir, a.listen);
+    config.store = a.etcd.backend(&a.store)?;
     config.kubeconfig = a.write_kubeconfig;
     config.service_cidr = a
         .service_cluster_ip_range
@@ -148,6 +263,7 @@ fn apiserver_config(a: ApiserverArgs) -> Result<Config> {
     config.node_ports = first.parse()?..=last.parse()?;
     config.watch_history = a.watch_history;
     config.bookmark_interval = Duration::from_secs(a.bookmark_interval.max(1));
+    config.cache_liveness_grace = Duration::from_secs(a.watch_cache_liveness_grace);
     Ok(config)
 }
 
@@ -304,5 +420,57 @@ async fn server(a: ServerArgs) -> Result<()> {
     }
     stop_api.cancel();
     api.shutdown().await;
+    Ok(())
+}
+
+async fn snapshot(command: SnapshotCommand) -> Result<()> {
+    use control_plane::store::snapshot::{self, EtcdMember};
+    let saved = match command {
+        SnapshotCommand::Save {
+            file,
+            data_dir,
+            store,
+            etcd,
+        } => match (store, data_dir) {
+            (Some(location @ StoreLocation::Etcd(_)), _) => {
+                let Backend::Etcd(config) = etcd.backend(&location)? else {
+                    unreachable!("an etcd location makes an etcd backend")
+                };
+                snapshot::save_etcd(&config, &file).await?
+            }
+            (_, Some(dir)) => snapshot::save_embedded(&dir, &file).await?,
+            (_, None) => anyhow::bail!("--data-dir (embedded store) or --store etcd://..."),
+        },
+        SnapshotCommand::Restore {
+            file,
+            data_dir,
+            member,
+        } => match (data_dir, member.etcd_data_dir) {
+            (Some(dir), _) => snapshot::restore_embedded(&file, &dir)?,
+            (None, Some(etcd_dir)) => {
+                let member = EtcdMember {
+                    name: member.name.context("--name")?,
+                    initial_cluster: member.initial_cluster.context("--initial-cluster")?,
+                    initial_advertise_peer_url: member
+                        .initial_advertise_peer_urls
+                        .context("--initial-advertise-peer-urls")?,
+                    initial_cluster_token: member.initial_cluster_token,
+                    data_dir: etcd_dir,
+                };
+                snapshot::restore_etcd(&file, &member)?;
+                println!(
+                    "restored etcd member {} in {}",
+                    member.name,
+                    member.data_dir.display()
+                );
+                return Ok(());
+            }
+            (None, None) => anyhow::bail!("--data-dir or --etcd-data-dir"),
+        },
+    };
+    match saved.revision {
+        Some(r) => println!("{} bytes, revision {r}", saved.bytes),
+        None => println!("{} bytes", saved.bytes),
+    }
     Ok(())
 }

@@ -2,6 +2,8 @@
 //! (code and reason), and the server keeps serving every other client meanwhile (a watch
 //! opened before the barrage still delivers, reads still answer).
 
+mod api_support;
+
 use std::time::Duration;
 
 use control_plane::apiserver::{Config, Server};
@@ -29,15 +31,11 @@ async fn send(c: &Client, method: Method, path: &str, ct: &str, body: Vec<u8>) -
 
 const JSON: &str = "application/json";
 
-#[tokio::test]
 async fn every_bad_request_gets_its_status_and_others_keep_being_served() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(Config::new(
-        dir.path().join("d"),
-        "127.0.0.1:0".parse().unwrap(),
-    ))
-    .await
-    .unwrap();
+    let mut config = Config::new(dir.path().join("d"), "127.0.0.1:0".parse().unwrap());
+    api_support::configure(&mut config);
+    let server = Server::start(config).await.unwrap();
     let kc = Kubeconfig::read_from(server.kubeconfig_path()).unwrap();
     let c = Client::try_from(
         kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
@@ -167,3 +165,5 @@ async fn every_bad_request_gets_its_status_and_others_keep_being_served() {
     assert_eq!(cms.get("ok").await.unwrap().data.unwrap()["a"], "new");
     server.shutdown().await;
 }
+
+on_both_stores!(async: every_bad_request_gets_its_status_and_others_keep_being_served);

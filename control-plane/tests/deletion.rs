@@ -5,6 +5,8 @@
 //! DELETE with grace 0. An eviction (pods/eviction, as `kubectl drain` sends it) is a
 //! graceful delete with the Eviction's options.
 
+mod api_support;
+
 use control_plane::apiserver::{Config, RunningServer, Server};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -13,12 +15,9 @@ use serde_json::json;
 
 async fn start() -> (RunningServer, Client, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(Config::new(
-        dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-    ))
-    .await
-    .unwrap();
+    let mut config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    api_support::configure(&mut config);
+    let server = Server::start(config).await.unwrap();
     let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
         .await
         .unwrap();
@@ -45,7 +44,6 @@ async fn write_status(pods: &Api<Pod>, name: &str, phase: &str) -> Pod {
     .unwrap()
 }
 
-#[tokio::test]
 async fn a_gracefully_deleted_pod_survives_status_writes_until_its_final_delete() {
     let (server, client, _dir) = start().await;
     let pods: Api<Pod> = Api::namespaced(client, "default");
@@ -90,7 +88,6 @@ async fn a_gracefully_deleted_pod_survives_status_writes_until_its_final_delete(
     server.shutdown().await;
 }
 
-#[tokio::test]
 async fn finalizers_hold_pods_and_objects_until_removed_and_no_grace_period_runs() {
     let (server, client, _dir) = start().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -190,7 +187,6 @@ async fn finalizers_hold_pods_and_objects_until_removed_and_no_grace_period_runs
     server.shutdown().await;
 }
 
-#[tokio::test]
 async fn an_eviction_deletes_the_pod_gracefully_with_its_options() {
     let (server, client, _dir) = start().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -250,3 +246,5 @@ async fn an_eviction_deletes_the_pod_gracefully_with_its_options() {
     );
     drop(server);
 }
+
+on_both_stores!(async: a_gracefully_deleted_pod_survives_status_writes_until_its_final_delete, finalizers_hold_pods_and_objects_until_removed_and_no_grace_period_runs, an_eviction_deletes_the_pod_gracefully_with_its_options);

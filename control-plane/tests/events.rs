@@ -2,6 +2,8 @@
 //! Kubernetes: what either API writes, the other reads (get, list with field selectors,
 //! watch, update, delete), and `kubectl get events` shows both.
 
+mod api_support;
+
 use control_plane::apiserver::{Config, RunningServer, Server};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Event;
@@ -13,12 +15,9 @@ use skiff_tests::kubectl::Kubectl;
 
 async fn start() -> (RunningServer, Client, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(Config::new(
-        dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-    ))
-    .await
-    .unwrap();
+    let mut config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    api_support::configure(&mut config);
+    let server = Server::start(config).await.unwrap();
     let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
         .await
         .unwrap();
@@ -62,7 +61,6 @@ fn names<T: kube::Resource>(items: &[T]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn either_api_reads_what_the_other_wrote() {
     let (server, client, dir) = start().await;
     let core: Api<Event> = Api::namespaced(client.clone(), "default");
@@ -239,3 +237,5 @@ async fn either_api_reads_what_the_other_wrote() {
     assert!(core.get_opt("web-1.pulled").await.unwrap().is_none());
     server.shutdown().await;
 }
+
+on_both_stores!(async: either_api_reads_what_the_other_wrote);

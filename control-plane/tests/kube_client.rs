@@ -1,6 +1,8 @@
 //! The API server driven by the kube-rs client in-process: CRUD, optimistic concurrency,
 //! list pagination and selectors, watch resume and 410, and kube-rs's watcher and reflector.
 
+mod api_support;
+
 use std::time::Duration;
 
 use control_plane::apiserver::{Config, RunningServer, Server};
@@ -24,6 +26,7 @@ struct Fixture {
 async fn start_with(f: impl FnOnce(&mut Config)) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    api_support::configure(&mut config);
     f(&mut config);
     let server = Server::start(config).await.unwrap();
     let client = client_for(&server).await;
@@ -60,7 +63,6 @@ fn pod(name: &str) -> Pod {
     .unwrap()
 }
 
-#[tokio::test]
 async fn crud_with_optimistic_concurrency() {
     let f = start_with(|_| {}).await;
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
@@ -131,7 +133,6 @@ async fn crud_with_optimistic_concurrency() {
     f.server.shutdown().await;
 }
 
-#[tokio::test]
 async fn lists_page_and_select() {
     let f = start_with(|_| {}).await;
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
@@ -174,7 +175,6 @@ async fn lists_page_and_select() {
     f.server.shutdown().await;
 }
 
-#[tokio::test]
 async fn watch_resumes_from_a_revision_and_expires_beyond_history() {
     let f = start_with(|c| c.watch_history = 5).await;
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
@@ -221,7 +221,6 @@ async fn watch_resumes_from_a_revision_and_expires_beyond_history() {
     f.server.shutdown().await;
 }
 
-#[tokio::test]
 async fn kube_runtime_watcher_and_reflector_follow_changes() {
     let f = start_with(|c| c.bookmark_interval = Duration::from_millis(200)).await;
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), "default");
@@ -306,7 +305,6 @@ async fn kube_runtime_watcher_and_reflector_follow_changes() {
     f.server.shutdown().await;
 }
 
-#[tokio::test]
 async fn health_version_and_metrics_endpoints() {
     let f = start_with(|_| {}).await;
     let get = |p: &'static str| {
@@ -339,10 +337,10 @@ async fn health_version_and_metrics_endpoints() {
     f.server.shutdown().await;
 }
 
-#[tokio::test]
 async fn data_survives_a_restart_and_revisions_continue() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    let mut config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    api_support::configure(&mut config);
     let server = Server::start(config.clone()).await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client_for(&server).await, "default");
     let a = cms
@@ -403,7 +401,6 @@ async fn data_survives_a_restart_and_revisions_continue() {
     server.shutdown().await;
 }
 
-#[tokio::test]
 async fn binding_reaches_the_node_scoped_watch_once() {
     let f = start_with(|_| {}).await;
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), "default");
@@ -493,7 +490,6 @@ async fn binding_reaches_the_node_scoped_watch_once() {
     f.server.shutdown().await;
 }
 
-#[tokio::test]
 async fn finalizers_dry_run_and_delete_collection() {
     let f = start_with(|_| {}).await;
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "default");
@@ -557,7 +553,6 @@ async fn finalizers_dry_run_and_delete_collection() {
 
 /// `pods/<name>/log` is relayed from the node's kubelet API: here a plain HTTP server on
 /// loopback that answers `/containerLogs/...` as the node agent does.
-#[tokio::test]
 async fn pod_logs_are_streamed_from_the_nodes_kubelet_api() {
     let f = start_with(|_| {}).await;
     let kubelet = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -601,3 +596,5 @@ async fn pod_logs_are_streamed_from_the_nodes_kubelet_api() {
     );
     f.server.shutdown().await;
 }
+
+on_both_stores!(async: crud_with_optimistic_concurrency, lists_page_and_select, watch_resumes_from_a_revision_and_expires_beyond_history, kube_runtime_watcher_and_reflector_follow_changes, health_version_and_metrics_endpoints, data_survives_a_restart_and_revisions_continue, binding_reaches_the_node_scoped_watch_once, finalizers_dry_run_and_delete_collection, pod_logs_are_streamed_from_the_nodes_kubelet_api);

@@ -2,6 +2,8 @@
 //! `control-plane apiserver` process: every command the issue lists, checked on what kubectl
 //! prints and on what the server stored.
 
+mod api_support;
+
 use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
@@ -10,10 +12,10 @@ use skiff_tests::kubectl::ServerFixture;
 use skiff_tests::wait_until;
 
 fn start() -> ServerFixture {
-    ServerFixture::start(
-        env!("CARGO_BIN_EXE_control-plane").as_ref(),
-        &["--bookmark-interval", "1"],
-    )
+    let mut args = vec!["--bookmark-interval".to_string(), "1".into()];
+    args.extend(api_support::server_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ServerFixture::start(env!("CARGO_BIN_EXE_control-plane").as_ref(), &args)
 }
 
 fn json(s: &str) -> Value {
@@ -50,7 +52,6 @@ spec:
         - containerPort: 80
 ";
 
-#[test]
 fn version_discovery_and_explain() {
     let f = start();
     let v = json(&f.k.ok(&["version", "-o", "json"]));
@@ -88,7 +89,6 @@ fn version_discovery_and_explain() {
     );
 }
 
-#[test]
 fn create_scale_label_annotate_describe_and_delete_a_deployment() {
     let f = start();
     // create deployment sends protobuf.
@@ -148,7 +148,6 @@ fn create_scale_label_annotate_describe_and_delete_a_deployment() {
     );
 }
 
-#[test]
 fn apply_creates_then_updates_and_delete_f_removes() {
     let f = start();
     let path = f.dir.path().join("site.yaml");
@@ -180,7 +179,6 @@ fn apply_creates_then_updates_and_delete_f_removes() {
     f.k.fails(&["get", "deploy", "site"]);
 }
 
-#[test]
 fn expose_assigns_a_cluster_ip_and_tables_have_kubernetes_columns() {
     let f = start();
     f.k.ok(&["create", "deployment", "web", "--image=nginx:1.27"]);
@@ -230,7 +228,6 @@ fn expose_assigns_a_cluster_ip_and_tables_have_kubernetes_columns() {
 const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p1","labels":{"app":"p"}},
 "spec":{"nodeName":"node-a","terminationGracePeriodSeconds":30,"containers":[{"name":"c","image":"busybox"}]}}"#;
 
-#[test]
 fn pods_events_watch_and_graceful_delete() {
     let f = start();
     f.k.run_with_stdin(&["apply", "-f", "-"], POD);
@@ -311,7 +308,6 @@ fn pods_events_watch_and_graceful_delete() {
     f.k.fails(&["get", "pod", "p1"]);
 }
 
-#[test]
 fn edit_via_patch_and_bad_requests_get_statuses() {
     let f = start();
     f.k.ok(&["create", "configmap", "cm", "--from-literal=a=b"]);
@@ -342,3 +338,5 @@ fn edit_via_patch_and_bad_requests_get_statuses() {
     ]);
     assert!(err.contains("field label not supported"), "{err}");
 }
+
+on_both_stores!(sync: version_discovery_and_explain, create_scale_label_annotate_describe_and_delete_a_deployment, apply_creates_then_updates_and_delete_f_removes, expose_assigns_a_cluster_ip_and_tables_have_kubernetes_columns, pods_events_watch_and_graceful_delete, edit_via_patch_and_bad_requests_get_statuses);

@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod cluster;
 pub mod density;
 pub mod e2e;
+pub mod etcd;
 pub mod kubectl;
 pub mod netns;
 pub mod order;

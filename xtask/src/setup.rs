@@ -14,6 +14,11 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("etcd-client", "/usr/bin/etcdctl"),
     ("iptables", "/usr/sbin/iptables-restore"),
     ("protobuf-compiler", "/usr/bin/protoc"),
+    // protobuf's well-known types, which etcd-client's protos import
+    (
+        "libprotobuf-dev",
+        "/usr/include/google/protobuf/descriptor.proto",
+    ),
     ("docker-registry", "/usr/bin/docker-registry"),
     ("iproute2", "/usr/sbin/ip"),
     ("curl", "/usr/bin/curl"),

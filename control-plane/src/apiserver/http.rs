@@ -18,12 +18,12 @@ use tokio::net::TcpListener;
 
 use super::auth::{self, UserInfo};
 use super::authz::{self, attributes::Attributes};
-use super::discovery;
 use super::handlers::{self, Call, Ctx};
 use super::negotiate::{self, MAX_BODY_BYTES};
 use super::output::{self, Resp};
 use super::registry;
 use super::request::{self, ApiPath};
+use super::{discovery, health};
 use crate::machinery::ApiError;
 
 /// How long shutdown waits for open connections to finish.
@@ -163,19 +163,8 @@ async fn route(
 ) -> Result<Resp, ApiError> {
     let path = req.uri().path().to_string();
     match path.as_str() {
-        "/healthz" | "/livez" => return Ok(output::text(StatusCode::OK, "ok")),
-        "/readyz" => {
-            return Ok(if ctx.shutdown.is_cancelled() {
-                output::text(StatusCode::SERVICE_UNAVAILABLE, "shutting down")
-            } else if !ctx.cache.is_following() {
-                output::text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the watch cache stopped following the store",
-                )
-            } else {
-                output::text(StatusCode::OK, "ok")
-            })
-        }
+        "/healthz" | "/livez" => return Ok(health::livez(ctx, query)),
+        "/readyz" => return Ok(health::readyz(ctx, query)),
         "/version" => return Ok(output::ok(&discovery::version())),
         _ => {}
     }

@@ -19,6 +19,7 @@ pub mod authz;
 mod conversion;
 mod discovery;
 mod handlers;
+mod health;
 mod http;
 pub mod kubeconfig;
 mod meta;
@@ -49,14 +50,16 @@ use self::allocation::Allocator;
 use self::handlers::Ctx;
 use self::metrics::Metrics;
 use crate::store::cache::{Cache, CacheOptions, CacheSpec};
-use crate::store::redb::{RedbOptions, RedbStore};
-use crate::store::{Precondition, Store, StoreError, WriteOp};
+use crate::store::redb::RedbOptions;
+use crate::store::{Backend, OpenStore, Precondition, Store, StoreError, WriteOp};
 
 /// How the server is set up.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Where the store, the admin token and (by default) the kubeconfig live.
+    /// Where the embedded store, the admin token and (by default) the kubeconfig live.
     pub data_dir: PathBuf,
+    /// The store: embedded in `data_dir` (default) or an etcd cluster.
+    pub store: Backend,
     /// Address to listen on; port 0 picks a free port (see [`RunningServer::addr`]).
     pub listen: SocketAddr,
     /// Where to write the admin kubeconfig (default `<data_dir>/kubeconfig`).
@@ -71,6 +74,9 @@ pub struct Config {
     pub watch_history: usize,
     /// How often idle watches with allowWatchBookmarks get a BOOKMARK.
     pub bookmark_interval: Duration,
+    /// How long the watch cache may fail to follow the store (while it retries) before
+    /// /livez fails too (/readyz fails at once).
+    pub cache_liveness_grace: Duration,
 }
 
 impl Config {
@@ -78,6 +84,7 @@ impl Config {
     pub fn new(data_dir: impl Into<PathBuf>, listen: SocketAddr) -> Config {
         Config {
             data_dir: data_dir.into(),
+            store: Backend::Embedded,
             listen,
             kubeconfig: None,
             service_cidr: "10.96.0.0/12".parse().expect("valid default CIDR"),
@@ -85,6 +92,7 @@ impl Config {
             store_history: RedbOptions::default().history_limit,
             watch_history: CacheOptions::default().history_per_resource,
             bookmark_interval: Duration::from_secs(30),
+            cache_liveness_grace: Duration::from_secs(120),
         }
     }
 }
@@ -96,6 +104,8 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error("watch cache: {0}")]
     Cache(#[from] crate::store::cache::CacheError),
+    #[error("snapshots: {0}")]
+    Snapshot(#[from] crate::store::snapshot::SnapshotError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -118,7 +128,7 @@ pub struct RunningServer {
     kubeconfig: PathBuf,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
-    store: RedbStore,
+    store: OpenStore,
 }
 
 impl Server {
@@ -126,13 +136,8 @@ impl Server {
     pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(io(format!("creating {}", config.data_dir.display())))?;
-        let store = RedbStore::open(
-            &config.data_dir,
-            RedbOptions {
-                history_limit: config.store_history,
-            },
-        )?;
-        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        let store = OpenStore::open(&config.store, &config.data_dir, config.store_history).await?;
+        let shared = store.shared();
         let specs = registry::RESOURCES
             .iter()
             .filter(|r| r.cached())
@@ -157,6 +162,10 @@ impl Server {
         let shutdown = CancellationToken::new();
         authz::bootstrap::reconcile(shared.as_ref()).await?;
         let authz = authz::Authorizer::new(&cache);
+        if let OpenStore::Embedded(s) = &store {
+            // Only this process may open the database: backups are made through it.
+            crate::store::snapshot::serve(s.clone(), &config.data_dir, shutdown.clone())?;
+        }
         let ctx = Arc::new(Ctx {
             store: shared.clone(),
             cache,
@@ -165,6 +174,7 @@ impl Server {
             shutdown: shutdown.clone(),
             metrics: Metrics::new(),
             bookmark_interval: config.bookmark_interval,
+            cache_liveness_grace: config.cache_liveness_grace,
         });
         ensure_namespaces(shared.as_ref()).await?;
         let listener = TcpListener::bind(config.listen)
@@ -256,13 +266,7 @@ fn restore_allocations(cache: &Cache, allocator: &Allocator) -> Result<(), Start
     let services = registry::find("", "v1", "services").expect("services are registered");
     let rc = cache.resource(&services.prefix())?;
     let everything: crate::store::cache::Filter = Arc::new(|_| true);
-    let page = rc.list(
-        &services.prefix(),
-        &everything,
-        None,
-        None,
-        cache.revision(),
-    );
+    let page = rc.list(&services.prefix(), &everything, None, None);
     allocator.restore(page.items.iter().filter_map(|o| o.value().ok()));
     Ok(())
 }

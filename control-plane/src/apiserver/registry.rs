@@ -176,14 +176,12 @@ impl Resource {
         self.subresources.contains(&s)
     }
 
-    /// The store prefix of every object of this resource: `/<group or core>/<plural>/` (of
-    /// the storage resource, for a view).
+    /// The store prefix of every object of this resource, laid out as Kubernetes lays out
+    /// its built-in resources in etcd: `/registry/<plural>/` (of the storage resource, for a
+    /// view).
     pub fn prefix(&self) -> String {
-        let (group, plural) = self
-            .stored_as()
-            .map_or((self.group, self.plural), |c| (c.storage.0, c.storage.2));
-        let g = if group.is_empty() { "core" } else { group };
-        format!("/{g}/{plural}/")
+        let plural = self.stored_as().map_or(self.plural, |c| c.storage.2);
+        format!("/registry/{plural}/")
     }
 
     /// The store prefix of the objects in `namespace` (all of them when None).
@@ -672,10 +670,13 @@ mod tests {
     #[test]
     fn keys_nest_by_namespace() {
         let pods = find("", "v1", "pods").unwrap();
-        assert_eq!(pods.key(Some("default"), "web"), "/core/pods/default/web");
-        assert_eq!(pods.namespace_prefix(None), "/core/pods/");
+        assert_eq!(
+            pods.key(Some("default"), "web"),
+            "/registry/pods/default/web"
+        );
+        assert_eq!(pods.namespace_prefix(None), "/registry/pods/");
         let nodes = find("", "v1", "nodes").unwrap();
-        assert_eq!(nodes.key(None, "n1"), "/core/nodes/n1");
+        assert_eq!(nodes.key(None, "n1"), "/registry/nodes/n1");
         assert_eq!(
             find("apps", "v1", "deployments").unwrap().api_version(),
             "apps/v1"

@@ -1,13 +1,18 @@
 //! The storage layer: a key-value store with etcd's semantics (one global revision that every
 //! write advances, compare-and-swap on a key's mod revision, range reads, a watch that resumes
 //! from any revision still in the bounded history, compaction). The API server sees only the
-//! [`Store`] trait, so an etcd v3 backend plugs in beside the embedded one ([`redb`]) without
-//! touching the API layer. [`cache`] is the watch cache the API server serves reads and
+//! [`Store`] trait, behind which are the embedded store ([`redb`], the default: one process,
+//! one file) and an etcd v3 cluster ([`etcd`], for several API servers and high
+//! availability). [`cache`] is the watch cache the API server serves reads and
 //! watches from: one store watch feeds it, however many clients watch.
 
 pub mod cache;
 mod codec;
+#[cfg(test)]
+mod contract_tests;
+pub mod etcd;
 pub mod redb;
+pub mod snapshot;
 
 use std::fmt;
 use std::pin::Pin;
@@ -138,19 +143,56 @@ pub enum StoreError {
     },
     #[error("store backend: {0}")]
     Backend(String),
+    /// The store cannot be reached or has no quorum now; the request may be retried.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     #[error("store is closed")]
     Closed,
 }
 
+/// What a watch delivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchItem {
+    /// One change.
+    Event(Event),
+    /// Every change up to this revision has been delivered (etcd's progress notification):
+    /// the revision may have moved on through writes this watch does not see.
+    Progress(Revision),
+}
+
+impl WatchItem {
+    /// The revision the watch has reached with this item.
+    pub fn revision(&self) -> Revision {
+        match self {
+            WatchItem::Event(e) => e.revision(),
+            WatchItem::Progress(r) => *r,
+        }
+    }
+}
+
 /// A stream of changes in revision order.
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<Event, StoreError>> + Send>>;
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<WatchItem, StoreError>> + Send>>;
 
 /// etcd's semantics, as the API server needs them.
 pub trait Store: Send + Sync + 'static {
-    /// The latest committed revision.
+    /// The latest revision this process knows to be committed (its own writes and what its
+    /// watches saw; another client's newer writes may not be known yet: see
+    /// [`Store::latest_revision`]).
     fn current_revision(&self) -> Revision;
 
-    /// The oldest revision a watch can still start from.
+    /// The store's latest revision, read from the store itself (a quorum read on etcd): a read
+    /// served at this revision or later sees every write acknowledged before the call, by any
+    /// client.
+    fn latest_revision(&self) -> BoxFuture<'_, Result<Revision, StoreError>>;
+
+    /// A revision at least as new as every write acknowledged before the call (by any
+    /// client), which every open watch of the store will reach with an item it delivers (an
+    /// event at or after it, or a [`WatchItem::Progress`] saying so): a reader that waits
+    /// for its watch to get there sees every such write, even when the newest revisions are
+    /// other keys' than the watch's. Costs a write on some backends: call it only when the
+    /// watch is behind.
+    fn barrier(&self) -> BoxFuture<'_, Result<Revision, StoreError>>;
+
     fn oldest_revision(&self) -> Revision;
 
     fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<KeyValue>, StoreError>>;
@@ -162,9 +204,62 @@ pub trait Store: Send + Sync + 'static {
     fn write(&self, op: WriteOp) -> BoxFuture<'_, Result<WriteResult, StoreError>>;
 
     /// Every change with revision >= `from`, then live changes, in order.
-    /// `StoreError::Compacted` if `from` is older than the history kept.
+    /// `StoreError::Compacted` (at once or as the stream's first item) if `from` is older than
+    /// the history kept.
     fn watch(&self, from: Revision) -> Result<EventStream, StoreError>;
 
     /// Drops history older than `before` (watches can no longer start there).
     fn compact(&self, before: Revision) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// Which store the API server keeps its state in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded store in the server's data directory (one API server).
+    #[default]
+    Embedded,
+    /// An etcd cluster (any number of API servers).
+    Etcd(etcd::EtcdConfig),
+}
+
+/// An open store of either kind.
+#[derive(Clone)]
+pub enum OpenStore {
+    Embedded(redb::RedbStore),
+    Etcd(etcd::EtcdStore),
+}
+
+impl OpenStore {
+    /// Opens the backend (the embedded one in `data_dir`, keeping `history` revisions).
+    pub async fn open(
+        backend: &Backend,
+        data_dir: &std::path::Path,
+        history: u64,
+    ) -> Result<OpenStore, StoreError> {
+        Ok(match backend {
+            Backend::Embedded => OpenStore::Embedded(redb::RedbStore::open(
+                data_dir,
+                redb::RedbOptions {
+                    history_limit: history,
+                },
+            )?),
+            Backend::Etcd(config) => OpenStore::Etcd(etcd::EtcdStore::connect(config).await?),
+        })
+    }
+
+    /// The store behind the trait.
+    pub fn shared(&self) -> std::sync::Arc<dyn Store> {
+        match self {
+            OpenStore::Embedded(s) => std::sync::Arc::new(s.clone()),
+            OpenStore::Etcd(s) => std::sync::Arc::new(s.clone()),
+        }
+    }
+
+    /// Ends every watch and releases the store (blocks briefly for the embedded one).
+    pub fn close(&self) {
+        match self {
+            OpenStore::Embedded(s) => s.close(),
+            OpenStore::Etcd(s) => s.close(),
+        }
+    }
 }

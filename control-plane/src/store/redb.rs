@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::codec;
 use super::{
     Event, EventKind, EventStream, KeyValue, Precondition, RangeResult, Revision, Store,
-    StoreError, WriteOp, WriteResult,
+    StoreError, WatchItem, WriteOp, WriteResult,
 };
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
@@ -26,6 +26,10 @@ const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_REVISION: &str = "revision";
 const META_OLDEST: &str = "oldest";
+/// The key layout of `kv`: absent in stores written before keys followed Kubernetes'
+/// `/registry/<resource>/...` (they were `/<group or core>/<resource>/...`).
+const META_LAYOUT: &str = "layout";
+const LAYOUT_REGISTRY: u64 = 2;
 
 /// Writes joining one commit at most.
 const MAX_BATCH: usize = 512;
@@ -77,16 +81,26 @@ impl RedbStore {
         let (current, oldest) = {
             let txn = db.begin_write().map_err(backend)?;
             let found = {
-                txn.open_table(KV).map_err(backend)?;
-                txn.open_table(HISTORY).map_err(backend)?;
-                let meta = txn.open_table(META).map_err(backend)?;
-                let get = |k| -> Result<Option<u64>, StoreError> {
+                let mut kv = txn.open_table(KV).map_err(backend)?;
+                let mut history = txn.open_table(HISTORY).map_err(backend)?;
+                let mut meta = txn.open_table(META).map_err(backend)?;
+                let get = |meta: &redb::Table<&str, u64>, k| -> Result<Option<u64>, StoreError> {
                     Ok(meta.get(k).map_err(backend)?.map(|v| v.value()))
                 };
-                (
-                    get(META_REVISION)?.unwrap_or(0),
-                    get(META_OLDEST)?.unwrap_or(1),
-                )
+                let revision = get(&meta, META_REVISION)?.unwrap_or(0);
+                let mut oldest = get(&meta, META_OLDEST)?.unwrap_or(1);
+                if get(&meta, META_LAYOUT)? != Some(LAYOUT_REGISTRY) {
+                    let moved = migrate_layout(&mut kv)?;
+                    if moved > 0 {
+                        // The history names the old keys: no watch resumes across this.
+                        history.retain(|_, _| false).map_err(backend)?;
+                        oldest = revision + 1;
+                        meta.insert(META_OLDEST, oldest).map_err(backend)?;
+                        tracing::info!(keys = moved, "store keys moved to the /registry/ layout");
+                    }
+                    meta.insert(META_LAYOUT, LAYOUT_REGISTRY).map_err(backend)?;
+                }
+                (revision, oldest)
             };
             txn.commit().map_err(backend)?;
             found
@@ -141,6 +155,36 @@ impl RedbStore {
         }
     }
 
+    /// Writes a consistent copy of the store (every key and the revision, read in one
+    /// transaction while writes go on) into a new database at `file`; returns its revision.
+    /// The copy has no history: watches on a store restored from it start at its revision.
+    pub fn snapshot_to(&self, file: &Path) -> Result<Revision, StoreError> {
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(backend)?;
+        let kv = txn.open_table(KV).map_err(backend)?;
+        let meta = txn.open_table(META).map_err(backend)?;
+        let revision = meta
+            .get(META_REVISION)
+            .map_err(backend)?
+            .map_or(0, |v| v.value());
+        let out = Database::create(file).map_err(backend)?;
+        let w = out.begin_write().map_err(backend)?;
+        {
+            let mut copy = w.open_table(KV).map_err(backend)?;
+            for entry in kv.iter().map_err(backend)? {
+                let (k, v) = entry.map_err(backend)?;
+                copy.insert(k.value(), v.value()).map_err(backend)?;
+            }
+            w.open_table(HISTORY).map_err(backend)?;
+            let mut m = w.open_table(META).map_err(backend)?;
+            m.insert(META_REVISION, revision).map_err(backend)?;
+            m.insert(META_OLDEST, revision + 1).map_err(backend)?;
+            m.insert(META_LAYOUT, LAYOUT_REGISTRY).map_err(backend)?;
+        }
+        w.commit().map_err(backend)?;
+        Ok(Revision(revision))
+    }
+
     fn db(&self) -> Result<Arc<Database>, StoreError> {
         self.shared
             .db
@@ -176,6 +220,16 @@ impl RedbStore {
 impl Store for RedbStore {
     fn current_revision(&self) -> Revision {
         Revision(self.shared.current.load(Ordering::Acquire))
+    }
+
+    fn latest_revision(&self) -> BoxFuture<'_, Result<Revision, StoreError>> {
+        // One process owns the file: what it committed is all there is.
+        futures::future::ready(Ok(self.current_revision())).boxed()
+    }
+
+    fn barrier(&self) -> BoxFuture<'_, Result<Revision, StoreError>> {
+        // Watches here see every revision: the latest is one they will deliver.
+        self.latest_revision()
     }
 
     fn oldest_revision(&self) -> Revision {
@@ -258,7 +312,7 @@ impl Store for RedbStore {
             state,
             |mut s| async move {
                 let item = s.next_event().await?;
-                Some((item, s))
+                Some((item.map(WatchItem::Event), s))
             },
         )))
     }
@@ -368,6 +422,32 @@ impl WatchState {
         );
         Ok(true)
     }
+}
+
+/// Moves every `/<group>/<resource>/<rest>` key to `/registry/<resource>/<rest>` (values and
+/// revisions unchanged); returns how many moved.
+fn migrate_layout(kv: &mut redb::Table<&'static str, &'static [u8]>) -> Result<usize, StoreError> {
+    let mut old = Vec::new();
+    for entry in kv.iter().map_err(backend)? {
+        let (k, v) = entry.map_err(backend)?;
+        let key = k.value();
+        if key.starts_with("/registry/") {
+            continue;
+        }
+        let mut parts = key.splitn(4, '/');
+        let new = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(""), Some(_group), Some(resource), Some(rest)) => {
+                format!("/registry/{resource}/{rest}")
+            }
+            _ => continue,
+        };
+        old.push((key.to_string(), new, v.value().to_vec()));
+    }
+    for (key, new, value) in &old {
+        kv.remove(key.as_str()).map_err(backend)?;
+        kv.insert(new.as_str(), value.as_slice()).map_err(backend)?;
+    }
+    Ok(old.len())
 }
 
 fn read_history(db: &Database, from: Revision, max: usize) -> Result<Vec<Event>, StoreError> {
@@ -569,6 +649,21 @@ fn check(key: &str, prev: Option<&KeyValue>, p: Precondition) -> Result<(), Stor
     }
 }
 
+/// The revision and key count of a snapshot file (or any store file), read without changing
+/// it; an error if it is not one.
+pub fn inspect(file: &Path) -> Result<(Revision, usize), StoreError> {
+    let db = Database::open(file).map_err(backend)?;
+    let txn = db.begin_read().map_err(backend)?;
+    let meta = txn.open_table(META).map_err(backend)?;
+    let revision = meta
+        .get(META_REVISION)
+        .map_err(backend)?
+        .map_or(0, |v| v.value());
+    let kv = txn.open_table(KV).map_err(backend)?;
+    let keys = kv.len().map_err(backend)? as usize;
+    Ok((Revision(revision), keys))
+}
+
 fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
@@ -650,7 +745,9 @@ mod tests {
             assert_eq!(w.next().await.unwrap().unwrap().revision(), Revision(want));
         }
         s.write(put("/k9", "v", Precondition::Any)).await.unwrap();
-        let e = w.next().await.unwrap().unwrap();
+        let Some(Ok(WatchItem::Event(e))) = w.next().await else {
+            panic!("an event")
+        };
         assert_eq!(
             (e.revision(), e.kv.key.as_str(), e.created),
             (Revision(6), "/k9", true)
@@ -674,6 +771,52 @@ mod tests {
         let s = RedbStore::open(d.path(), RedbOptions { history_limit: 10 }).unwrap();
         assert_eq!(s.current_revision(), Revision(46));
         assert!(s.oldest_revision() > Revision(3));
+        s.close();
+    }
+
+    #[tokio::test]
+    async fn keys_of_the_old_layout_move_under_registry_once() {
+        let d = tempfile::tempdir().unwrap();
+        let s = RedbStore::open(d.path(), RedbOptions::default()).unwrap();
+        for k in [
+            "/core/pods/ns/a",
+            "/apps/deployments/ns/d",
+            "/registry/pods/ns/b",
+        ] {
+            s.write(put(k, k, Precondition::Any)).await.unwrap();
+        }
+        s.close();
+        // As a store written before the layout marker existed.
+        {
+            let db = Database::create(d.path().join("store.redb")).unwrap();
+            let w = db.begin_write().unwrap();
+            w.open_table(META).unwrap().remove(META_LAYOUT).unwrap();
+            w.commit().unwrap();
+        }
+        let s = RedbStore::open(d.path(), RedbOptions::default()).unwrap();
+        let r = s.range("/").await.unwrap();
+        let got: Vec<(&str, &[u8])> = r
+            .kvs
+            .iter()
+            .map(|k| (k.key.as_str(), k.value.as_ref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/registry/deployments/ns/d", &b"/apps/deployments/ns/d"[..]),
+                ("/registry/pods/ns/a", b"/core/pods/ns/a"),
+                ("/registry/pods/ns/b", b"/registry/pods/ns/b"),
+            ]
+        );
+        assert_eq!(s.current_revision(), Revision(3));
+        // The history named the old keys: no watch resumes from before the move.
+        assert!(matches!(
+            s.watch(Revision(1)),
+            Err(StoreError::Compacted { .. })
+        ));
+        s.close();
+        let s = RedbStore::open(d.path(), RedbOptions::default()).unwrap();
+        assert_eq!(s.range("/").await.unwrap().kvs.len(), 3);
         s.close();
     }
 }

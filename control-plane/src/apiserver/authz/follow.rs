@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::apiserver::registry::Resource;
 use crate::store::cache::{
-    Cache, CacheWatch, CachedObject, Filter, ResourceCache, WatchEnd, WatchEvent, WatchStart,
+    Cache, CacheWatch, CachedObject, Filter, ResourceCache, WatchEvent, WatchStart,
 };
 
 /// A change an index applies.
@@ -64,16 +64,13 @@ impl Follower {
                     out.push(Update::Upsert(o))
                 }
                 Some(Ok(WatchEvent::Deleted(o))) => out.push(Update::Delete(o)),
-                Some(Err(WatchEnd::TooSlow)) => {
-                    tracing::warn!(prefix = %self.prefix, "authorizer index fell behind the cache; rebuilding it");
+                // Fell behind, or the cache reloaded from the store (its changes since are not
+                // known one by one): start over from the cache's current state.
+                Some(Err(end)) => {
+                    tracing::warn!(prefix = %self.prefix, ?end, "authorizer index starts over from the cache");
                     out.clear();
                     out.push(Update::Reset);
                     self.subscribe();
-                }
-                // The server is shutting down: what the index holds is as good as it gets.
-                Some(Err(WatchEnd::Closed)) => {
-                    self.watch = None;
-                    return out;
                 }
             }
         }

@@ -165,13 +165,12 @@ pub async fn delete_collection(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, 
         list.label_selector.as_deref(),
         list.field_selector.as_deref(),
     )?;
-    let rev = ctx.fresh().await?;
+    ctx.fresh().await?;
     let page = ctx.resource_cache(r)?.list(
         &r.namespace_prefix(call.namespace()),
         &sel.filter,
         None,
         None,
-        rev,
     );
     let mut deleted = Vec::new();
     for o in page.items {

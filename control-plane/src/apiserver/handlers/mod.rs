@@ -47,12 +47,20 @@ pub struct Ctx {
     pub metrics: Metrics,
     /// How often an idle watch with allowWatchBookmarks gets a BOOKMARK.
     pub bookmark_interval: Duration,
+    /// How long the watch cache may fail to follow the store before /livez fails.
+    pub cache_liveness_grace: Duration,
 }
 
 impl Ctx {
-    /// Waits until the cache has every write acknowledged so far, and returns that revision.
+    /// Waits until the cache has every write acknowledged so far (by any API server of the
+    /// store), and returns that revision.
     pub async fn fresh(&self) -> Result<Revision, ApiError> {
-        let rev = self.store.current_revision();
+        self.cache_ready()?;
+        let rev = self
+            .store
+            .latest_revision()
+            .await
+            .map_err(|e| ApiError::unavailable(format!("reading the store's revision: {e}")))?;
         self.cache
             .wait_for(rev, CACHE_WAIT)
             .await
@@ -62,23 +70,42 @@ impl Ctx {
 
     /// Waits until the cache is at least at `rev` (a client's resourceVersion).
     pub async fn at_least(&self, rev: Revision) -> Result<(), ApiError> {
-        if rev > self.store.current_revision() {
-            // Kubernetes answers a read from the future with 504 after waiting; fail fast.
-            let mut e = ApiError::new(
-                504,
-                crate::machinery::Reason::Timeout,
-                format!(
-                    "Too large resource version: {rev}, current: {}",
-                    self.store.current_revision()
-                ),
-            );
-            e.retry_after_seconds = Some(1);
-            return Err(e);
+        self.cache_ready()?;
+        if rev > self.cache.revision() && rev > self.store.current_revision() {
+            let latest =
+                self.store.latest_revision().await.map_err(|e| {
+                    ApiError::unavailable(format!("reading the store's revision: {e}"))
+                })?;
+            if rev > latest {
+                // Kubernetes answers a read from the future with 504 after waiting; fail fast.
+                let mut e = ApiError::new(
+                    504,
+                    crate::machinery::Reason::Timeout,
+                    format!("Too large resource version: {rev}, current: {latest}"),
+                );
+                e.retry_after_seconds = Some(1);
+                return Err(e);
+            }
         }
         self.cache
             .wait_for(rev, CACHE_WAIT)
             .await
             .map_err(|e| ApiError::unavailable(e.to_string()))
+    }
+
+    /// 503 at once while the watch cache does not follow the store (with the reason).
+    pub fn cache_ready(&self) -> Result<(), ApiError> {
+        match self.cache.health() {
+            None => Ok(()),
+            Some(h) => {
+                let mut e = ApiError::unavailable(format!(
+                    "the watch cache is not following the store: {}",
+                    h.reason
+                ));
+                e.retry_after_seconds = Some(1);
+                Err(e)
+            }
+        }
     }
 
     pub fn resource_cache(&self, r: &Resource) -> Result<&Arc<ResourceCache>, ApiError> {
@@ -92,7 +119,9 @@ impl Ctx {
         key: &str,
     ) -> Result<Option<Arc<CachedObject>>, ApiError> {
         self.fresh().await?;
-        Ok(self.resource_cache(r)?.get(key))
+        self.resource_cache(r)?
+            .get(key)
+            .map_err(|u| undecodable(key, u))
     }
 }
 
@@ -263,8 +292,22 @@ pub fn store_error(r: &Resource, name: &str, e: StoreError) -> ApiError {
             "too old resource version: {requested} ({oldest})"
         )),
         StoreError::Backend(m) => ApiError::internal(m),
+        StoreError::Unavailable(m) => {
+            let mut e = ApiError::unavailable(m);
+            e.retry_after_seconds = Some(1);
+            e
+        }
         StoreError::Closed => ApiError::unavailable("the store is shutting down"),
     }
+}
+
+/// A key whose stored value cannot be decoded: served as an error that says so (never as a
+/// missing or stale object).
+pub fn undecodable(key: &str, u: crate::store::cache::Undecodable) -> ApiError {
+    ApiError::internal(format!(
+        "the object stored at {key} (revision {}) cannot be decoded: {}",
+        u.revision, u.error
+    ))
 }
 
 /// Parses stored bytes (always written by this server) into an object.

@@ -12,14 +12,17 @@ use crate::apiserver::output::{self, Resp};
 use crate::apiserver::request::{ListOptions, ReadAt};
 use crate::apiserver::{conversion, meta, rules, table};
 use crate::machinery::ApiError;
-use crate::store::cache::Page;
+use crate::store::cache::{CacheError, Page};
 use crate::store::Revision;
 
 /// Brings the cache to the revision a read asks for; returns the revision to report.
 pub async fn read_at(ctx: &Ctx, at: ReadAt) -> Result<Revision, ApiError> {
     match at {
         ReadAt::Latest => ctx.fresh().await,
-        ReadAt::Any => Ok(ctx.cache.revision()),
+        ReadAt::Any => {
+            ctx.cache_ready()?;
+            Ok(ctx.cache.revision())
+        }
         ReadAt::NotOlderThan(n) => {
             ctx.at_least(Revision(n)).await?;
             Ok(ctx.cache.revision())
@@ -30,9 +33,11 @@ pub async fn read_at(ctx: &Ctx, at: ReadAt) -> Result<Revision, ApiError> {
 pub async fn get(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
     let opts = ListOptions::from_query(call.query)?;
     read_at(ctx, opts.read_at()?).await?;
+    let key = call.key(name);
     let obj = ctx
         .resource_cache(call.resource)?
-        .get(&call.key(name))
+        .get(&key)
+        .map_err(|u| super::undecodable(&key, u))?
         .ok_or_else(|| call.not_found(name))?;
     match negotiate::output(
         call.header(header::ACCEPT),
@@ -87,26 +92,33 @@ pub async fn list(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result<
         opts.label_selector.as_deref(),
         opts.field_selector.as_deref(),
     )?;
-    let (rev, after) = match &opts.continue_token {
+    let cache = ctx.resource_cache(r)?;
+    let prefix = r.namespace_prefix(call.namespace());
+    let page = match &opts.continue_token {
+        // Later pages show the objects as the first page did, or 410 once that is impossible
+        // (as Kubernetes answers once etcd has compacted the first page's revision).
         Some(t) => {
             let (rev, after) = decode_continue(t)?;
-            ctx.fresh().await?;
-            (rev, Some(after))
+            ctx.cache_ready()?;
+            cache
+                .list_at(&prefix, &sel.filter, Some(&after), opts.limit, rev)
+                .map_err(|e| match e {
+                    CacheError::Expired { .. } => ApiError::expired(
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                    ),
+                    e => ApiError::internal(e),
+                })?
         }
-        None => (read_at(ctx, opts.read_at()?).await?, None),
+        None => {
+            read_at(ctx, opts.read_at()?).await?;
+            cache.list(&prefix, &sel.filter, None, opts.limit)
+        }
     };
-    let cache = ctx.resource_cache(r)?;
     let Page {
         items,
         revision,
         continue_after,
-    } = cache.list(
-        &r.namespace_prefix(call.namespace()),
-        &sel.filter,
-        after.as_deref(),
-        opts.limit,
-        rev,
-    );
+    } = page;
     let token = continue_after.map(|k| encode_continue(revision, &k));
     ctx.metrics.listed(r.plural, items.len());
     match negotiate::output(
@@ -161,10 +173,10 @@ mod tests {
 
     #[test]
     fn continue_tokens_round_trip_and_reject_garbage() {
-        let t = encode_continue(Revision(42), "/core/pods/default/web-1");
+        let t = encode_continue(Revision(42), "/registry/pods/default/web-1");
         assert_eq!(
             decode_continue(&t).unwrap(),
-            (Revision(42), "/core/pods/default/web-1".to_string())
+            (Revision(42), "/registry/pods/default/web-1".to_string())
         );
         assert_eq!(decode_continue("zz").unwrap_err().code, 400);
         assert_eq!(decode_continue("abc").unwrap_err().code, 400);

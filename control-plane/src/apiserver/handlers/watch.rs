@@ -42,7 +42,10 @@ pub async fn watch(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result
             ctx.fresh().await?;
             WatchStart::Current
         }
-        ReadAt::Any => WatchStart::Current,
+        ReadAt::Any => {
+            ctx.cache_ready()?;
+            WatchStart::Current
+        }
         ReadAt::NotOlderThan(n) if opts.send_initial_events => {
             ctx.at_least(Revision(n)).await?;
             WatchStart::Current
@@ -133,19 +136,15 @@ struct Stream {
 impl Stream {
     async fn run(self, mut w: CacheWatch) {
         if self.initial_events_end {
-            // The initial ADDED events are queued already: send them, then the marker.
-            loop {
-                match w.try_next() {
-                    Some(Ok(e)) => {
-                        if !self.send_event(&e).await {
-                            return;
-                        }
-                    }
-                    Some(Err(end)) => return self.end(end).await,
-                    None => break,
+            // The initial ADDED events show the state at the watch's initial revision: send
+            // them, then the marker at exactly that revision. Live events are all newer, so
+            // none is covered by a bookmark sent before it.
+            while let Some(e) = w.next_initial() {
+                if !self.send_event(&e).await {
+                    return;
                 }
             }
-            let mut b = self.bookmark(self.ctx.cache.revision());
+            let mut b = self.bookmark(w.initial_revision());
             b["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
             if !self.send("BOOKMARK", &b).await {
                 return;
@@ -153,23 +152,33 @@ impl Stream {
         }
         let mut tick = tokio::time::interval(self.ctx.bookmark_interval);
         tick.tick().await;
+        // The newest revision sent: a bookmark never goes back behind it.
+        let mut sent = w.initial_revision();
         loop {
             tokio::select! {
                 e = w.next() => match e {
-                    Ok(e) => if !self.send_event(&e).await { return },
+                    Ok(e) => {
+                        sent = sent.max(e.object().revision);
+                        if !self.send_event(&e).await { return }
+                    }
                     Err(end) => return self.end(end).await,
                 },
                 _ = tick.tick(), if self.bookmarks => {
                     // Everything up to the cache's revision must be sent before a bookmark
-                    // says so, or a watch resumed from it could miss events.
+                    // says so, or a watch resumed from it could miss events. (A change is
+                    // broadcast just before its revision is published, so the drain may
+                    // also send one newer than `rev`.)
                     let rev = self.ctx.cache.revision();
                     while let Some(e) = w.try_next() {
                         match e {
-                            Ok(e) => if !self.send_event(&e).await { return },
+                            Ok(e) => {
+                                sent = sent.max(e.object().revision);
+                                if !self.send_event(&e).await { return }
+                            }
                             Err(end) => return self.end(end).await,
                         }
                     }
-                    let b = self.bookmark(rev);
+                    let b = self.bookmark(rev.max(sent));
                     if !self.send("BOOKMARK", &b).await { return }
                 }
                 _ = self.ctx.shutdown.cancelled() => return,
@@ -187,12 +196,20 @@ impl Stream {
     }
 
     async fn end(&self, end: WatchEnd) {
-        if end == WatchEnd::TooSlow {
-            let e = ApiError::expired("the watcher fell behind; relist and watch again");
-            let status = output::error(&e);
-            let Ok(c) = status.into_body().collect().await;
-            let _ = self.tx.send(line("ERROR", &c.to_bytes())).await;
-        }
+        let e = match end {
+            WatchEnd::TooSlow => {
+                ApiError::expired("the watcher fell behind; relist and watch again")
+            }
+            WatchEnd::Closed if self.ctx.shutdown.is_cancelled() => return,
+            // The cache reloaded from the store: the changes since this watcher's revision are
+            // not known one by one.
+            WatchEnd::Closed => ApiError::expired(
+                "the watch cache was reloaded from the store; relist and watch again",
+            ),
+        };
+        let status = output::error(&e);
+        let Ok(c) = status.into_body().collect().await;
+        let _ = self.tx.send(line("ERROR", &c.to_bytes())).await;
     }
 
     async fn send(&self, kind: &str, v: &Value) -> bool {
