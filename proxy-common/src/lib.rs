@@ -14,7 +14,15 @@ pub const PROTO_UDP: u8 = 17;
 pub const MAP_SERVICES: &str = "SKIFF_SERVICES";
 pub const MAP_BACKENDS: &str = "SKIFF_BACKENDS";
 pub const MAP_SOCK_REVNAT: &str = "SKIFF_SOCK_REVNAT";
-pub const MAP_UDP_DESTROY: &str = "SKIFF_UDP_DESTROY";
+pub const MAP_DROPS: &str = "SKIFF_DROPS";
+pub const MAP_NODE_ADDRS: &str = "SKIFF_NODE_ADDRS";
+pub const MAP_DEVICES: &str = "SKIFF_DEVICES";
+pub const MAP_CT: &str = "SKIFF_CT";
+pub const MAP_SOURCE_RANGES: &str = "SKIFF_SOURCE_RANGES";
+pub const MAP_MAGLEV: &str = "SKIFF_MAGLEV";
+/// Globals the loader sets.
+pub const GLOBAL_MAGLEV_M: &str = "SKIFF_MAGLEV_M";
+pub const GLOBAL_BPF_LOG: &str = "SKIFF_BPF_LOG";
 pub const MAP_AFFINITY: &str = "SKIFF_AFFINITY";
 pub const MAP_COUNTERS: &str = "SKIFF_COUNTERS";
 
@@ -51,9 +59,14 @@ impl Addr {
     }
 }
 
-/// Which traffic a service entry translates. Only cluster (socket-level) entries exist now;
-/// the tc program for NodePort and externalIPs adds its own scope to the same map.
+/// Which traffic a service entry translates.
+/// Socket level (cgroup hooks): a cluster IP, external IP or LoadBalancer address.
 pub const SCOPE_CLUSTER: u8 = 0;
+/// Socket level: a NodePort, reached at any of this node's addresses (key address zero).
+pub const SCOPE_NODEPORT: u8 = 1;
+/// Packet level (tc/XDP at a node interface): an external IP or LoadBalancer address, or
+/// a NodePort (key address zero), with the external endpoints (externalTrafficPolicy).
+pub const SCOPE_EXTERNAL: u8 = 2;
 
 /// Key of the services map: a frontend (service address, port, protocol).
 #[repr(C)]
@@ -66,9 +79,19 @@ pub struct ServiceKey {
     pub scope: u8,
 }
 
-/// `ServiceValue::flags` bits. Bits 1.. are reserved for what later issues add
-/// (externalTrafficPolicy Local, NodePort, external IP, Maglev selection).
+/// `ServiceValue::flags`: sessionAffinity ClientIP (per client network namespace at the
+/// socket level, per client address north-south).
 pub const SVC_FLAG_AFFINITY_CLIENT_IP: u32 = 1 << 0;
+/// Pick by Maglev consistent hashing of the flow (north-south).
+pub const SVC_FLAG_MAGLEV: u32 = 1 << 1;
+/// Check loadBalancerSourceRanges (`SKIFF_SOURCE_RANGES`) first.
+pub const SVC_FLAG_SOURCE_RANGES: u32 = 1 << 2;
+/// externalTrafficPolicy Cluster: a backend on another node is reached with the source
+/// translated to this node.
+pub const SVC_FLAG_SNAT_REMOTE: u32 = 1 << 3;
+
+/// `Backend::flags`: the backend runs on this node.
+pub const BACKEND_FLAG_LOCAL: u8 = 1 << 0;
 
 /// Value of the services map.
 #[repr(C)]
@@ -99,7 +122,7 @@ pub struct Backend {
     pub addr: Addr,
     /// Network byte order.
     pub port: u16,
-    /// Reserved for per-backend state (terminating, node-local); zero today.
+    /// `BACKEND_FLAG_*`.
     pub flags: u8,
     pub _pad: u8,
 }
@@ -156,12 +179,13 @@ pub struct UdpDestroyKey {
     pub _pad: u16,
 }
 
-/// Key of the sessionAffinity LRU: a client (its network namespace, i.e. its pod) and a
-/// frontend.
+/// Key of the sessionAffinity LRU: a client and a frontend. At the socket level the client
+/// is its network namespace's cookie (a pod, or the node); north-south, its IPv4 address.
+/// Frontend ids differ between the two, so the two kinds never meet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AffinityKey {
-    pub netns_cookie: u64,
+    pub client: u64,
     pub service: u32,
     pub _pad: u32,
 }
@@ -191,6 +215,89 @@ pub struct ServiceCounters {
     pub denied: u64,
 }
 
+/// Connection-tracking key: a flow as a packet shows it, and which direction the entry is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub saddr: u32,
+    pub daddr: u32,
+    /// Network byte order.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub dir: u8,
+    pub _pad: u16,
+}
+
+/// `CtKey::dir`: client -> frontend, as it arrives.
+pub const CT_DIR_FWD: u8 = 0;
+/// `CtKey::dir`: backend -> client (or -> this node's SNAT address), as the reply travels.
+pub const CT_DIR_REV: u8 = 1;
+
+/// Connection-tracking value.
+/// Forward: `to` is the backend; with SNAT, `nat` is this node's address and port.
+/// Reverse: `to` is the frontend (restored as the reply's source); with SNAT, `nat` is the
+/// client (restored as the reply's destination).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtValue {
+    pub to_addr: u32,
+    pub nat_addr: u32,
+    pub to_port: u16,
+    pub nat_port: u16,
+    /// The frontend id the flow was balanced by.
+    pub frontend: u32,
+    /// Seconds of the kernel's monotonic clock at the last packet (refreshed once a second).
+    pub last_seen_s: u32,
+    pub flags: u16,
+    pub _pad: u16,
+}
+
+pub const CT_FLAG_SNAT: u16 = 1 << 0;
+/// A FIN was seen: the entry expires after the closing timeout.
+pub const CT_FLAG_CLOSING: u16 = 1 << 1;
+
+/// SNAT source ports, above Linux's default ip_local_port_range (32768-60999) so a
+/// translated flow never takes a port the node's own sockets use.
+pub const SNAT_PORT_MIN: u16 = 61000;
+pub const SNAT_PORT_MAX: u16 = 65535;
+
+/// `bpf_map_update_elem` flag: only if the key is absent.
+pub const BPF_NOEXIST: u64 = 1;
+
+/// An interface with the north-south programs: the address SNAT uses there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Device {
+    pub addr: u32,
+}
+
+/// Key of the loadBalancerSourceRanges trie (after the trie's prefix length): the frontend
+/// id (big-endian, so the prefix covers it first) and the client address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceRangeKey {
+    pub id: u32,
+    pub addr: u32,
+}
+
+/// Maglev tables are stored in chunks of this many slots.
+pub const MAGLEV_CHUNK: usize = 1024;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MaglevKey {
+    pub id: u32,
+    pub chunk: u32,
+}
+
+/// One chunk of a frontend's Maglev table: backend slots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaglevChunk {
+    pub slots: [u16; MAGLEV_CHUNK],
+}
+
 #[cfg(feature = "user")]
 mod user {
     use super::*;
@@ -206,6 +313,12 @@ mod user {
     unsafe impl aya::Pod for AffinityKey {}
     unsafe impl aya::Pod for AffinityValue {}
     unsafe impl aya::Pod for ServiceCounters {}
+    unsafe impl aya::Pod for CtKey {}
+    unsafe impl aya::Pod for CtValue {}
+    unsafe impl aya::Pod for Device {}
+    unsafe impl aya::Pod for SourceRangeKey {}
+    unsafe impl aya::Pod for MaglevKey {}
+    unsafe impl aya::Pod for MaglevChunk {}
 }
 
 #[cfg(test)]
@@ -230,6 +343,10 @@ mod tests {
         assert_eq!(size_of::<AffinityKey>(), 8 + 4 + 4);
         assert_eq!(size_of::<AffinityValue>(), 8 + 20 + 4);
         assert_eq!(size_of::<ServiceCounters>(), 32);
+        assert_eq!(size_of::<CtKey>(), 4 + 4 + 2 + 2 + 1 + 1 + 2);
+        assert_eq!(size_of::<CtValue>(), 4 + 4 + 2 + 2 + 4 + 4 + 2 + 2);
+        assert_eq!(size_of::<SourceRangeKey>(), 8);
+        assert_eq!(size_of::<MaglevChunk>(), 2 * MAGLEV_CHUNK);
     }
 
     /// The offsets the hand-assembled socket iterator uses.

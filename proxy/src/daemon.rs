@@ -6,9 +6,11 @@ use crate::dataplane::{Dataplane, DataplaneError};
 use crate::desired::{Change, DesiredState};
 use crate::iptables::Iptables;
 use crate::latency;
-use crate::loader::{self, fence::Fence, maps::BpfMaps, MapSizes};
+use crate::loader::{self, attach::Acceleration, fence::Fence, maps::BpfMaps, MapSizes};
 use crate::metrics::{self, FrontendCounters, Metrics, Shared};
 use crate::model::{ObjectKey, ServiceName, ServiceSpec, SliceName, SliceSpec};
+use crate::nodenet::DeviceSelection;
+use crate::northsouth;
 use crate::sockets::Sweeper;
 use crate::source::api::ApiSource;
 use crate::source::manifests::ManifestDir;
@@ -30,6 +32,14 @@ pub enum Mode {
     Iptables,
 }
 
+/// How packet-level frontends choose a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LbAlgorithm {
+    Random,
+    /// Maglev consistent hashing with this table size.
+    Maglev(u32),
+}
+
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     pub mode: Mode,
@@ -38,6 +48,14 @@ pub struct RunOptions {
     pub bpffs: PathBuf,
     pub metrics: SocketAddr,
     pub sizes: MapSizes,
+    /// The node this proxy runs on: which endpoints are local.
+    pub node_name: Option<String>,
+    /// Which interfaces get the north-south programs.
+    pub devices: DeviceSelection,
+    pub acceleration: Acceleration,
+    pub lb_algorithm: LbAlgorithm,
+    /// Kernel-side debug logging of translation decisions and drops.
+    pub bpf_log: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +75,8 @@ pub enum DaemonError {
     NoManifests(String),
     #[error(transparent)]
     Source(#[from] SourceError),
+    #[error(transparent)]
+    Net(#[from] crate::nodenet::NetError),
 }
 
 /// Max events applied in one batch before the data path is flushed.
@@ -70,14 +90,24 @@ pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
     }
     match opts.mode {
         Mode::Ebpf => {
+            let maglev = match opts.lb_algorithm {
+                LbAlgorithm::Maglev(m) => Some(m),
+                LbAlgorithm::Random => None,
+            };
+            let program_options = loader::ProgramOptions {
+                maglev_m: maglev.unwrap_or(crate::maglev::DEFAULT_SIZE),
+                bpf_log: opts.bpf_log,
+            };
             let loader::Loaded {
                 maps,
                 attach,
+                programs,
                 fence,
                 udp_destroyer,
-            } = loader::load(&opts.bpffs, &opts.cgroup, opts.sizes)?;
+            } = loader::load(&opts.bpffs, &opts.cgroup, opts.sizes, program_options)?;
             let services = maps.services()?;
             let backends = maps.backends()?;
+            let ranges = maps.source_ranges()?;
             tracing::info!(
                 ?attach,
                 cgroup = %opts.cgroup.display(),
@@ -90,9 +120,10 @@ pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
                 Limits {
                     max_services: opts.sizes.services,
                     max_backends: opts.sizes.backends,
+                    maglev,
                 },
             );
-            engine.adopt(services, backends);
+            engine.adopt(services, backends, ranges);
             let engine = Arc::new(Mutex::new(engine));
             let reader = engine.clone();
             let kernel: metrics::KernelCounters = Box::new(move || {
@@ -122,17 +153,26 @@ pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
                 reclaim: after,
                 sweeper,
             };
-            serve(opts, engine, shared, Some(Box::new(hooks)), retry_rx).await
+            let packets = northsouth::Packets {
+                engine: engine.clone(),
+                programs,
+                devices: opts.devices.clone(),
+                acceleration: opts.acceleration,
+            };
+            let ns = northsouth::start(Some(packets), shared.clone(), opts.sizes.ct)?;
+            serve(opts, engine, shared, Some(Box::new(hooks)), retry_rx, ns).await
         }
         Mode::Iptables => {
             let (_retry_tx, retry_rx) = mpsc::channel(1);
             let shared = Arc::new(Shared::new(None));
+            let ns = northsouth::start(None, shared.clone(), 0)?;
             serve(
                 opts,
                 Arc::new(Mutex::new(Iptables::new())),
                 shared,
                 None,
                 retry_rx,
+                ns,
             )
             .await
         }
@@ -225,6 +265,10 @@ async fn serve<D: Dataplane + Send + 'static>(
     shared: Arc<Shared>,
     hooks: Option<Box<dyn AfterBatch>>,
     mut retry: mpsc::Receiver<()>,
+    (north_south, north_south_task): (
+        mpsc::UnboundedSender<northsouth::ServiceUpdate>,
+        tokio::task::JoinHandle<()>,
+    ),
 ) -> Result<(), DaemonError> {
     if opts.mode == Mode::Ebpf {
         shared
@@ -249,7 +293,7 @@ async fn serve<D: Dataplane + Send + 'static>(
     };
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    let mut desired = DesiredState::default();
+    let mut desired = DesiredState::for_node(opts.node_name.clone());
     // Services changed since they were last programmed (all of them until the first sync).
     let mut affected: HashSet<ServiceName> = HashSet::new();
     let mut initial_done = false;
@@ -303,6 +347,11 @@ async fn serve<D: Dataplane + Send + 'static>(
         // a previous run routes fine).
         if initial_done || synced {
             for svc in std::mem::take(&mut affected) {
+                let _ = north_south.send(northsouth::ServiceUpdate {
+                    health_check: desired.health_check(&svc),
+                    announced: desired.announced(&svc),
+                    service: svc.clone(),
+                });
                 let frontends = desired.frontends(&svc);
                 for e in dp.update(&svc, &frontends) {
                     shared.metrics.error(e.kind());
@@ -361,6 +410,9 @@ async fn serve<D: Dataplane + Send + 'static>(
         }
     }
     source_task.abort();
+    // The node-level task withdraws the addresses it announced before the process ends.
+    drop(north_south);
+    let _ = north_south_task.await;
     Ok(())
 }
 

@@ -2,8 +2,10 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use proxy::daemon::{self, Mode, RunOptions};
+use proxy::daemon::{self, LbAlgorithm, Mode, RunOptions};
+use proxy::loader::attach::Acceleration;
 use proxy::loader::MapSizes;
+use proxy::nodenet::DeviceSelection;
 use proxy::source::api::ApiConfig;
 use proxy::source::SourceConfig;
 use std::net::SocketAddr;
@@ -20,6 +22,30 @@ struct Cli {
 enum ModeArg {
     Ebpf,
     Iptables,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LbAlgorithmArg {
+    Random,
+    Maglev,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AccelerationArg {
+    /// tc (TCX) programs only.
+    Disabled,
+    /// XDP in the driver in front of tc (packets must carry full checksums, as packets
+    /// from a wire do).
+    Native,
+}
+
+fn maglev_size(s: &str) -> Result<u32, String> {
+    let m: u32 = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    if proxy::maglev::SIZES.contains(&m) {
+        Ok(m)
+    } else {
+        Err(format!("{m} is not one of {:?}", proxy::maglev::SIZES))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -85,6 +111,30 @@ enum Command {
         /// Capacity of the sessionAffinity LRU.
         #[arg(long, default_value_t = MapSizes::default().affinity)]
         max_affinity: u32,
+        /// Capacity of the north-south connection-tracking map (two entries per flow).
+        #[arg(long, default_value_t = MapSizes::default().ct)]
+        max_ct: u32,
+        /// Interfaces for NodePort, external IP and LoadBalancer traffic: `auto` (node
+        /// interfaces: up, not loopback, no bridge or bridge port, with an IPv4 address),
+        /// `none`, or names separated by commas.
+        #[arg(long, default_value = "auto")]
+        devices: DeviceSelection,
+        /// XDP in front of tc on those interfaces.
+        #[arg(long, value_enum, default_value = "disabled")]
+        nodeport_acceleration: AccelerationArg,
+        /// How north-south frontends choose a backend.
+        #[arg(long, value_enum, default_value = "random")]
+        lb_algorithm: LbAlgorithmArg,
+        /// Maglev table size M (a prime; changing it needs `proxy reset`).
+        #[arg(long, default_value_t = proxy::maglev::DEFAULT_SIZE, value_parser = maglev_size)]
+        maglev_table_size: u32,
+        /// Packet-level frontends that may hold a Maglev table.
+        #[arg(long, default_value_t = MapSizes::default().maglev_frontends)]
+        max_maglev_frontends: u32,
+        /// Reserved for kernel-side logging of translation decisions and drops (aya-log, not
+        /// wired yet: the kernel programs log nothing today).
+        #[arg(long)]
+        bpf_log: bool,
     },
     /// Print the programmed frontends, backends and counters from the pinned maps.
     Dump {
@@ -146,12 +196,30 @@ fn main() -> Result<()> {
             max_services,
             max_backends,
             max_affinity,
+            max_ct,
+            devices,
+            nodeport_acceleration,
+            lb_algorithm,
+            maglev_table_size,
+            max_maglev_frontends,
+            bpf_log,
         } => {
             let opts = RunOptions {
                 mode: match mode {
                     ModeArg::Ebpf => Mode::Ebpf,
                     ModeArg::Iptables => Mode::Iptables,
                 },
+                node_name: node_name.clone(),
+                devices,
+                acceleration: match nodeport_acceleration {
+                    AccelerationArg::Disabled => Acceleration::Disabled,
+                    AccelerationArg::Native => Acceleration::Native,
+                },
+                lb_algorithm: match lb_algorithm {
+                    LbAlgorithmArg::Random => LbAlgorithm::Random,
+                    LbAlgorithmArg::Maglev => LbAlgorithm::Maglev(maglev_table_size),
+                },
+                bpf_log,
                 source: match (source, manifests) {
                     (SourceArg::Manifests, Some(dir)) => SourceConfig::Manifests(dir),
                     (SourceArg::Manifests, None) => {
@@ -169,6 +237,9 @@ fn main() -> Result<()> {
                     services: max_services,
                     backends: max_backends,
                     affinity: max_affinity,
+                    ct: max_ct,
+                    maglev_frontends: max_maglev_frontends,
+                    ..MapSizes::default()
                 },
             };
             tokio::runtime::Builder::new_multi_thread()

@@ -29,6 +29,7 @@ pub struct Metrics {
     input_errors: Family<Labels, Counter>,
     map_entries: Family<Labels, Gauge>,
     map_capacity: Family<Labels, Gauge>,
+    drops: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -44,6 +45,7 @@ impl Default for Metrics {
         let input_errors = Family::<Labels, Counter>::default();
         let map_entries = Family::<Labels, Gauge>::default();
         let map_capacity = Family::<Labels, Gauge>::default();
+        let drops = Family::<Labels, Gauge>::default();
         registry.register(
             "sync_duration_seconds",
             "Time to apply one batch of desired-state changes to the data path",
@@ -86,10 +88,15 @@ impl Default for Metrics {
         );
         registry.register(
             "map_entries",
-            "Entries programmed per map (frontends, backends)",
+            "Entries programmed per map (frontends, backends, conntrack: live flow entries)",
             map_entries.clone(),
         );
         registry.register("map_capacity", "Capacity per map", map_capacity.clone());
+        registry.register(
+            "dropped_packets",
+            "North-south packets dropped outside any frontend, by reason (ct_full, snat_ports, no_device, no_route; kernel counters)",
+            drops.clone(),
+        );
         Metrics {
             registry,
             sync_duration,
@@ -102,6 +109,7 @@ impl Default for Metrics {
             input_errors,
             map_entries,
             map_capacity,
+            drops,
         }
     }
 }
@@ -128,6 +136,12 @@ impl Metrics {
                 .get_or_create(&vec![("map", map.to_string())])
                 .set(c as i64);
         }
+    }
+
+    pub fn set_drops(&self, reason: &'static str, n: u64) {
+        self.drops
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .set(n as i64);
     }
 
     fn render(&self) -> String {

@@ -2,6 +2,7 @@
 //! (k8s-openapi `Service` and `EndpointSlice`). Every source (manifests directory today,
 //! an API watch later) feeds the same objects, so validation lives here, once.
 
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::fmt;
@@ -151,6 +152,38 @@ pub struct ServicePort {
     pub name: PortName,
     pub port: Port,
     pub protocol: Protocol,
+    /// The port on every node (NodePort and LoadBalancer Services).
+    pub node_port: Option<Port>,
+}
+
+/// spec.type, as far as the proxy cares: what reaches the service from outside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceKind {
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+}
+
+/// externalTrafficPolicy and internalTrafficPolicy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrafficPolicy {
+    /// Every endpoint of the cluster.
+    Cluster,
+    /// Endpoints on this node only (north-south: the client address is kept).
+    Local,
+}
+
+impl TrafficPolicy {
+    fn parse(field: &'static str, s: Option<&str>) -> Result<Self, ModelError> {
+        match s.unwrap_or("Cluster") {
+            "Cluster" => Ok(TrafficPolicy::Cluster),
+            "Local" => Ok(TrafficPolicy::Local),
+            other => Err(ModelError::InvalidPolicy {
+                field,
+                value: other.to_string(),
+            }),
+        }
+    }
 }
 
 /// sessionAffinity.
@@ -166,6 +199,36 @@ pub struct ServiceSpec {
     pub cluster_ips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
     pub affinity: Affinity,
+    pub kind: ServiceKind,
+    /// spec.externalIPs.
+    pub external_ips: Vec<IpAddr>,
+    /// status.loadBalancer.ingress[].ip (LoadBalancer Services).
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// spec.loadBalancerSourceRanges: who may reach the LoadBalancer addresses (empty:
+    /// everyone).
+    pub source_ranges: Vec<IpNet>,
+    pub external_policy: TrafficPolicy,
+    pub internal_policy: TrafficPolicy,
+    /// spec.healthCheckNodePort (LoadBalancer with externalTrafficPolicy Local).
+    pub health_check_node_port: Option<Port>,
+}
+
+impl ServiceSpec {
+    /// A ClusterIP Service with these addresses and ports, everything else defaulted.
+    pub fn cluster_ip(cluster_ips: Vec<IpAddr>, ports: Vec<ServicePort>) -> ServiceSpec {
+        ServiceSpec {
+            cluster_ips,
+            ports,
+            affinity: Affinity::None,
+            kind: ServiceKind::ClusterIp,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            external_policy: TrafficPolicy::Cluster,
+            internal_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+        }
+    }
 }
 
 /// One port of an EndpointSlice.
@@ -256,6 +319,12 @@ pub enum ModelError {
     MissingServiceLabel,
     #[error("IP family of {0} does not match the slice's addressType")]
     FamilyMismatch(IpAddr),
+    #[error("spec.{field} {value:?} is not Cluster or Local")]
+    InvalidPolicy { field: &'static str, value: String },
+    #[error("spec.loadBalancerSourceRanges: {0:?} is not a CIDR")]
+    InvalidSourceRange(String),
+    #[error("spec.type {0:?} is not ClusterIP, NodePort, LoadBalancer or ExternalName")]
+    InvalidType(String),
 }
 
 impl ServiceSpec {
@@ -282,12 +351,24 @@ impl ServiceSpec {
                     .map_err(|_| ModelError::InvalidIp(ip.to_string()))
             })
             .collect::<Result<Vec<IpAddr>, _>>()?;
+        let kind = match spec.type_.as_deref().unwrap_or("ClusterIP") {
+            "ClusterIP" => ServiceKind::ClusterIp,
+            "NodePort" => ServiceKind::NodePort,
+            "LoadBalancer" => ServiceKind::LoadBalancer,
+            other => return Err(ModelError::InvalidType(other.to_string())),
+        };
+        let external = kind != ServiceKind::ClusterIp;
         let mut ports: Vec<ServicePort> = Vec::new();
         for p in spec.ports.iter().flatten() {
+            let node_port = match p.node_port {
+                Some(n) if external && n != 0 => Some(Port::from_i32(n)?),
+                _ => None,
+            };
             let port = ServicePort {
                 name: PortName(p.name.clone().unwrap_or_default()),
                 port: Port::from_i32(p.port)?,
                 protocol: Protocol::parse(p.protocol.as_deref())?,
+                node_port,
             };
             if ports
                 .iter()
@@ -317,12 +398,72 @@ impl ServiceSpec {
             }
             _ => Affinity::None,
         };
+        let parse_ips = |ips: Vec<&str>| -> Result<Vec<IpAddr>, ModelError> {
+            ips.into_iter()
+                .map(|ip| {
+                    ip.parse()
+                        .map_err(|_| ModelError::InvalidIp(ip.to_string()))
+                })
+                .collect()
+        };
+        let external_ips = parse_ips(
+            spec.external_ips
+                .iter()
+                .flatten()
+                .map(String::as_str)
+                .collect(),
+        )?;
+        // Addresses a load balancer proxies to the nodes itself (ipMode Proxy) are not
+        // captured on the nodes (KEP-1860).
+        let load_balancer_ips = if kind == ServiceKind::LoadBalancer {
+            parse_ips(
+                svc.status
+                    .iter()
+                    .filter_map(|s| s.load_balancer.as_ref())
+                    .flat_map(|l| l.ingress.iter().flatten())
+                    .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
+                    .filter_map(|i| i.ip.as_deref())
+                    .collect(),
+            )?
+        } else {
+            Vec::new()
+        };
+        let source_ranges = spec
+            .load_balancer_source_ranges
+            .iter()
+            .flatten()
+            .map(|r| {
+                r.trim()
+                    .parse::<IpNet>()
+                    .map(|n| n.trunc())
+                    .map_err(|_| ModelError::InvalidSourceRange(r.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let external_policy = TrafficPolicy::parse(
+            "externalTrafficPolicy",
+            spec.external_traffic_policy.as_deref(),
+        )?;
+        let internal_policy = TrafficPolicy::parse(
+            "internalTrafficPolicy",
+            spec.internal_traffic_policy.as_deref(),
+        )?;
+        let health_check_node_port = match spec.health_check_node_port {
+            Some(p) if p != 0 && kind == ServiceKind::LoadBalancer => Some(Port::from_i32(p)?),
+            _ => None,
+        };
         Ok(Some((
             key,
             ServiceSpec {
                 cluster_ips,
                 ports,
                 affinity,
+                kind,
+                external_ips,
+                load_balancer_ips,
+                source_ranges,
+                external_policy,
+                internal_policy,
+                health_check_node_port,
             },
         )))
     }
@@ -449,6 +590,46 @@ mod tests {
         assert!(matches!(
             ServiceSpec::from_k8s(&sctp),
             Err(ModelError::UnsupportedProtocol(_))
+        ));
+    }
+
+    #[test]
+    fn load_balancer_with_policies_ranges_and_health_check() {
+        let mut s = service(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "lb"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.7",
+                     "externalIPs": ["192.0.2.9"],
+                     "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Local",
+                     "healthCheckNodePort": 32100,
+                     "loadBalancerSourceRanges": ["10.0.0.0/8", " 192.168.1.7/24 "],
+                     "ports": [{"port": 80, "nodePort": 30080}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "10.249.0.200"},
+                                                     {"ip": "10.249.0.201", "ipMode": "Proxy"}]}}
+        }));
+        let (_, spec) = ServiceSpec::from_k8s(&s).unwrap().unwrap();
+        assert_eq!(spec.kind, ServiceKind::LoadBalancer);
+        assert_eq!(spec.ports[0].node_port.map(Port::get), Some(30080));
+        assert_eq!(
+            spec.external_ips,
+            vec!["192.0.2.9".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(
+            spec.load_balancer_ips,
+            vec!["10.249.0.200".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(spec.source_ranges[1].to_string(), "192.168.1.0/24");
+        assert_eq!(spec.external_policy, TrafficPolicy::Local);
+        assert_eq!(spec.internal_policy, TrafficPolicy::Local);
+        assert_eq!(spec.health_check_node_port.map(Port::get), Some(32100));
+        // A ClusterIP Service ignores node ports and ingress addresses.
+        s.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        let (_, spec) = ServiceSpec::from_k8s(&s).unwrap().unwrap();
+        assert!(spec.ports[0].node_port.is_none() && spec.load_balancer_ips.is_empty());
+        s.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["nope".into()]);
+        assert!(matches!(
+            ServiceSpec::from_k8s(&s),
+            Err(ModelError::InvalidSourceRange(_))
         ));
     }
 

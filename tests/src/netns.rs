@@ -151,7 +151,8 @@ impl NetNs {
 
 impl NetNs {
     /// A real HTTP/1.0 server on `addr` inside the namespace, answering every request with
-    /// `body` (with Content-Length), on `threads` accepting threads. It lets the client
+    /// `body` (with Content-Length; `{peer}` in it becomes the client's address as the
+    /// server sees it), on `threads` accepting threads. It lets the client
     /// close first, as curl and [`http_get`] do (a client reading to end of stream waits
     /// for the server's 2 s idle timeout). Stops on Drop.
     pub fn http_server(&self, addr: SocketAddr, body: &str, threads: usize) -> Server {
@@ -174,11 +175,11 @@ impl NetNs {
                     body.to_string(),
                 );
                 std::thread::spawn(move || {
-                    while let Ok((conn, _)) = l.accept() {
+                    while let Ok((conn, peer)) = l.accept() {
                         if st.load(Ordering::Relaxed) {
                             break;
                         }
-                        answer_http(conn, &body);
+                        answer_http(conn, &body.replace("{peer}", &peer.ip().to_string()));
                         n.fetch_add(1, Ordering::Relaxed);
                     }
                 })

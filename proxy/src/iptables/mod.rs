@@ -10,7 +10,10 @@ pub mod rules;
 use crate::dataplane::{Dataplane, DataplaneError, Fill};
 use crate::desired::{FrontendKey, Frontends};
 use crate::model::{Family, ServiceName};
-use rules::{render, FrontendRules, JUMPS, SERVICES_CHAIN};
+use rules::{
+    render, Dispatch, FrontendRules, EXTERNAL_SERVICES_CHAIN, FIREWALL_CHAIN, JUMPS,
+    NODEPORTS_CHAIN, SERVICES_CHAIN,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -93,7 +96,7 @@ impl Iptables {
         let (tool, restore, _) = TOOLS[fam];
         // The chains must exist before a rule can jump to them.
         let declare = format!(
-            "*filter\n:{SERVICES_CHAIN} - [0:0]\nCOMMIT\n*nat\n:{SERVICES_CHAIN} - [0:0]\n:{} - [0:0]\nCOMMIT\n",
+            "*filter\n:{SERVICES_CHAIN} - [0:0]\n:{EXTERNAL_SERVICES_CHAIN} - [0:0]\n:{FIREWALL_CHAIN} - [0:0]\nCOMMIT\n*nat\n:{SERVICES_CHAIN} - [0:0]\n:{} - [0:0]\nCOMMIT\n",
             rules::POSTROUTING_CHAIN
         );
         run(restore, &["-w", "--noflush"], Some(&declare))?;
@@ -121,7 +124,11 @@ impl Iptables {
             .lines()
             .filter_map(|l| l.strip_prefix(':'))
             .filter_map(|l| l.split_whitespace().next())
-            .filter(|c| c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SEP-"))
+            .filter(|c| {
+                ["KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-FW-"]
+                    .iter()
+                    .any(|p| c.starts_with(p))
+            })
             .map(str::to_string)
             .collect())
     }
@@ -167,11 +174,19 @@ impl Iptables {
             .iter()
             .filter(|(k, _)| family_idx(k) == fam)
             .collect();
-        let mut filter = String::from("*filter\n");
-        filter.push_str(&format!(":{SERVICES_CHAIN} - [0:0]\n"));
-        let mut nat_decl = format!(":{SERVICES_CHAIN} - [0:0]\n");
+        // The dispatch chains are rewritten whole at every sync (as kube-proxy does).
+        let mut filter =
+            format!("*filter\n:{SERVICES_CHAIN} - [0:0]\n:{EXTERNAL_SERVICES_CHAIN} - [0:0]\n");
+        let mut nat_decl = format!(":{SERVICES_CHAIN} - [0:0]\n:{NODEPORTS_CHAIN} - [0:0]\n");
         let mut nat_rules = String::new();
         if full {
+            for (chain, lines) in rules::filter_fixed_rules() {
+                filter.push_str(&format!(":{chain} - [0:0]\n"));
+                for l in lines {
+                    filter.push_str(&l);
+                    filter.push('\n');
+                }
+            }
             for (chain, lines) in rules::nat_fixed_rules() {
                 nat_decl.push_str(&format!(":{chain} - [0:0]\n"));
                 for l in lines {
@@ -180,15 +195,22 @@ impl Iptables {
                 }
             }
         }
+        let mut nodeports = String::new();
         for p in all.values() {
-            let target = if p.rules.has_endpoints {
-                &mut nat_rules
-            } else {
-                &mut filter
+            let Some((d, rule)) = &p.rules.dispatch else {
+                continue;
             };
-            target.push_str(&p.rules.services_rule);
+            let target = match d {
+                Dispatch::NatServices => &mut nat_rules,
+                Dispatch::NatNodePorts => &mut nodeports,
+                Dispatch::FilterServices | Dispatch::FilterExternal => &mut filter,
+            };
+            target.push_str(rule);
             target.push('\n');
         }
+        nat_rules.push_str(&rules::nodeports_jump());
+        nat_rules.push('\n');
+        nat_rules.push_str(&nodeports);
         for key in &dirty {
             let Some(p) = self.frontends.get(key) else {
                 continue;

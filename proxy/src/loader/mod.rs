@@ -3,6 +3,7 @@
 //! the pins, keeps the maps (and so every translation) and swaps its programs into the
 //! existing links atomically, so routing never stops.
 
+pub mod attach;
 mod bpffs;
 pub mod fence;
 mod link;
@@ -14,7 +15,11 @@ pub mod udp_iter;
 use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr};
 use aya::EbpfLoader;
 use maps::BpfMaps;
-use proxy_common::{MAP_AFFINITY, MAP_BACKENDS, MAP_COUNTERS, MAP_SERVICES, MAP_SOCK_REVNAT};
+use proxy_common::{
+    GLOBAL_BPF_LOG, GLOBAL_MAGLEV_M, MAGLEV_CHUNK, MAP_AFFINITY, MAP_BACKENDS, MAP_COUNTERS,
+    MAP_CT, MAP_DEVICES, MAP_MAGLEV, MAP_NODE_ADDRS, MAP_SERVICES, MAP_SOCK_REVNAT,
+    MAP_SOURCE_RANGES,
+};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +41,12 @@ pub struct MapSizes {
     pub services: u32,
     pub backends: u32,
     pub affinity: u32,
+    /// North-south connection tracking: two entries per flow.
+    pub ct: u32,
+    /// Packet-level frontends that may hold a Maglev table at once.
+    pub maglev_frontends: u32,
+    /// loadBalancerSourceRanges prefixes over all frontends.
+    pub source_ranges: u32,
 }
 
 impl Default for MapSizes {
@@ -44,8 +55,20 @@ impl Default for MapSizes {
             services: 65_536,
             backends: 262_144,
             affinity: 65_536,
+            ct: 262_144,
+            maglev_frontends: 4_096,
+            source_ranges: 16_384,
         }
     }
+}
+
+/// How the programs behave, fixed at load (constants the verifier sees).
+#[derive(Clone, Copy, Debug)]
+pub struct ProgramOptions {
+    /// The Maglev table size M (`--maglev-table-size`).
+    pub maglev_m: u32,
+    /// Kernel-side debug logging (`--bpf-log`).
+    pub bpf_log: bool,
 }
 
 /// Where the pins live below the proxy's bpffs directory.
@@ -99,6 +122,8 @@ pub enum LoadError {
 pub struct Loaded {
     pub maps: BpfMaps,
     pub attach: Attach,
+    /// The loaded programs, for attaching the north-south ones to interfaces as they come.
+    pub programs: Programs,
     /// Waits out readers before retired slots and ids are reclaimed.
     pub fence: fence::Fence,
     /// Destroys connected UDP sockets to removed backends; `None` on kernels without
@@ -115,9 +140,42 @@ pub enum Attach {
     Replaced,
 }
 
+/// The loaded object: its north-south programs are attached to interfaces by [`Programs::attach`].
+pub struct Programs {
+    ebpf: aya::Ebpf,
+    links: PathBuf,
+}
+
+impl Programs {
+    /// Attaches (or re-points after a restart) the north-south programs on an interface.
+    pub fn attach(
+        &mut self,
+        ifindex: u32,
+        ifname: &str,
+        accel: attach::Acceleration,
+    ) -> Result<(), LoadError> {
+        attach::attach(&mut self.ebpf, &self.links, ifindex, ifname, accel)
+    }
+
+    /// Detaches them from an interface that is no longer a node interface.
+    pub fn detach(&self, ifindex: u32) {
+        attach::detach(&self.links, ifindex)
+    }
+
+    /// Interfaces the north-south programs are attached to (also by a previous run).
+    pub fn attached(&self) -> Vec<u32> {
+        attach::attached(&self.links)
+    }
+}
+
 /// Loads the programs, attaches them to `cgroup`, pins everything under `bpffs` and
 /// returns the maps for the sync engine.
-pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<Loaded, LoadError> {
+pub fn load(
+    bpffs: &Path,
+    cgroup: &Path,
+    sizes: MapSizes,
+    options: ProgramOptions,
+) -> Result<Loaded, LoadError> {
     let bpffs_err = |source| LoadError::Bpffs {
         path: bpffs.display().to_string(),
         source,
@@ -137,6 +195,16 @@ pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<Loaded, Load
         .map_max_entries(MAP_AFFINITY, sizes.affinity)
         // Counters are indexed by frontend id, which is below the services capacity.
         .map_max_entries(MAP_COUNTERS, sizes.services)
+        .map_max_entries(MAP_CT, sizes.ct)
+        .map_max_entries(
+            MAP_MAGLEV,
+            sizes.maglev_frontends * (options.maglev_m as usize).div_ceil(MAGLEV_CHUNK) as u32,
+        )
+        .map_max_entries(MAP_SOURCE_RANGES, sizes.source_ranges)
+        .map_max_entries(MAP_NODE_ADDRS, 1_024)
+        .map_max_entries(MAP_DEVICES, 256)
+        .override_global(GLOBAL_MAGLEV_M, &options.maglev_m, true)
+        .override_global(GLOBAL_BPF_LOG, &(options.bpf_log as u8), true)
         .load(object::bytes())?;
     let cgroup_fd = std::fs::File::open(cgroup).map_err(|source| LoadError::Cgroup {
         path: cgroup.display().to_string(),
@@ -184,11 +252,31 @@ pub fn load(bpffs: &Path, cgroup: &Path, sizes: MapSizes) -> Result<Loaded, Load
                 .map_err(|source| LoadError::Pin { name, source })?;
         }
     }
+    // The north-south programs are loaded (and so verified) now, attached per interface
+    // later.
+    for name in [attach::TC_INGRESS, attach::TC_EGRESS] {
+        let prog: &mut aya::programs::SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(LoadError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| LoadError::Program { name, source })?;
+        prog.load()
+            .map_err(|source| LoadError::Program { name, source })?;
+    }
+    let name = attach::XDP;
+    let xdp: &mut aya::programs::Xdp = ebpf
+        .program_mut(name)
+        .ok_or(LoadError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })?;
+    xdp.load()
+        .map_err(|source| LoadError::Program { name, source })?;
     let udp_destroyer = load_udp_destroyer(&ebpf);
     let maps = BpfMaps::from_loaded(&mut ebpf)?;
     Ok(Loaded {
         maps,
         attach,
+        programs: Programs { ebpf, links },
         fence: fence::Fence::new().map_err(LoadError::Fence)?,
         udp_destroyer,
     })

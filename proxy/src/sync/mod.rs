@@ -14,13 +14,23 @@
 //! finished (an RCU grace period, `loader::fence`), and [`MapSync::end_grace`] reclaims
 //! what that epoch retired. So no connect() is refused for a slot that vanished, and none
 //! lands on another service that was given a freed id.
+//!
+//! Packet-level frontends may carry loadBalancerSourceRanges (written before the flag that
+//! makes the kernel check them) and, with `--lb-algorithm maglev`, a Maglev table of slot
+//! numbers: written after the count when the backend list grows and before it when it
+//! shrinks, so every entry a reader can see names a slot below the count it holds.
 
 pub mod writer;
 
 use crate::dataplane::{Capacity, Dataplane, DataplaneError, Fill};
-use crate::desired::{DesiredFrontend, Endpoint, FrontendKey, Frontends};
+use crate::desired::{DesiredFrontend, Endpoint, FrontendKey, Frontends, Scope};
+use crate::maglev;
 use crate::model::{Affinity, ServiceName};
-use proxy_common::{Backend, BackendKey, ServiceKey, ServiceValue, SVC_FLAG_AFFINITY_CLIENT_IP};
+use ipnet::IpNet;
+use proxy_common::{
+    Backend, BackendKey, MaglevChunk, MaglevKey, ServiceKey, ServiceValue, MAGLEV_CHUNK,
+    SVC_FLAG_AFFINITY_CLIENT_IP, SVC_FLAG_MAGLEV, SVC_FLAG_SNAT_REMOTE, SVC_FLAG_SOURCE_RANGES,
+};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use writer::{backend, endpoint, frontend_key, service_key, MapOp, MapWriter};
 
@@ -29,6 +39,8 @@ use writer::{backend, endpoint, frontend_key, service_key, MapOp, MapWriter};
 pub struct Limits {
     pub max_services: u32,
     pub max_backends: u32,
+    /// Maglev for packet-level frontends, with this table size (None: random choice).
+    pub maglev: Option<u32>,
 }
 
 /// What is in the maps for one frontend.
@@ -36,6 +48,9 @@ pub struct Limits {
 struct Programmed {
     value: ServiceValue,
     slots: Vec<Endpoint>,
+    ranges: BTreeSet<IpNet>,
+    /// The Maglev table (slot numbers), empty without Maglev or without backends.
+    maglev: Vec<u16>,
 }
 
 /// Frontend ids: dense, reused after removal once no reader can hold them.
@@ -92,6 +107,8 @@ pub struct MapSync<W: MapWriter> {
     backends_in_use: u64,
     /// Slots no count exposes any more, with the epoch that retired them.
     retired_slots: HashMap<BackendKey, u64>,
+    /// Maglev chunks of removed (or emptied) frontends, with the epoch that retired them.
+    retired_maglev: HashMap<MaglevKey, u64>,
     /// Ids of removed frontends, with the epoch that retired them.
     quarantined: Vec<(u32, u64)>,
     epoch: u64,
@@ -103,17 +120,49 @@ pub struct MapSync<W: MapWriter> {
     stray_backends: Vec<BackendKey>,
 }
 
-fn value_for(id: u32, count: usize, d: &DesiredFrontend) -> ServiceValue {
-    let (flags, affinity_timeout_s) = match d.affinity {
+fn value_for(id: u32, count: usize, d: &DesiredFrontend, maglev: bool) -> ServiceValue {
+    let (mut flags, affinity_timeout_s) = match d.affinity {
         Affinity::None => (0, 0),
         Affinity::ClientIp { timeout_s } => (SVC_FLAG_AFFINITY_CLIENT_IP, timeout_s),
     };
+    if d.snat_remote {
+        flags |= SVC_FLAG_SNAT_REMOTE;
+    }
+    if !d.source_ranges.is_empty() {
+        flags |= SVC_FLAG_SOURCE_RANGES;
+    }
+    if maglev {
+        flags |= SVC_FLAG_MAGLEV;
+    }
     ServiceValue {
         id,
         count: count as u32,
         flags,
         affinity_timeout_s,
     }
+}
+
+/// The Maglev chunks of `table` that differ from `old` (all of them when `old` is empty).
+fn changed_chunks(id: u32, old: &[u16], table: &[u16]) -> Vec<(MaglevKey, Box<MaglevChunk>)> {
+    let mut out = Vec::new();
+    for (i, part) in table.chunks(MAGLEV_CHUNK).enumerate() {
+        let before = old.chunks(MAGLEV_CHUNK).nth(i);
+        if before == Some(part) {
+            continue;
+        }
+        let mut c = Box::new(MaglevChunk {
+            slots: [0; MAGLEV_CHUNK],
+        });
+        c.slots[..part.len()].copy_from_slice(part);
+        out.push((
+            MaglevKey {
+                id,
+                chunk: i as u32,
+            },
+            c,
+        ));
+    }
+    out
 }
 
 impl<W: MapWriter> MapSync<W> {
@@ -131,6 +180,7 @@ impl<W: MapWriter> MapSync<W> {
             live_len: HashMap::new(),
             backends_in_use: 0,
             retired_slots: HashMap::new(),
+            retired_maglev: HashMap::new(),
             quarantined: Vec::new(),
             epoch: 0,
             removed_udp: HashSet::new(),
@@ -145,7 +195,12 @@ impl<W: MapWriter> MapSync<W> {
         &mut self,
         services: Vec<(ServiceKey, ServiceValue)>,
         backends: Vec<(BackendKey, Backend)>,
+        ranges: Vec<(u32, IpNet)>,
     ) {
+        let mut ranges_of: HashMap<u32, BTreeSet<IpNet>> = HashMap::new();
+        for (id, net) in ranges {
+            ranges_of.entry(id).or_default().insert(net);
+        }
         let mut slots: HashMap<BackendKey, Backend> = backends.into_iter().collect();
         let mut used = HashSet::new();
         for (skey, value) in services {
@@ -174,8 +229,21 @@ impl<W: MapWriter> MapSync<W> {
             }
             self.backends_in_use += eps.len() as u64;
             self.live_len.insert(value.id, value.count);
-            self.programmed
-                .insert(fkey, Programmed { value, slots: eps });
+            // The table is a function of the slots: what a run with the same table size
+            // wrote is what it would write again.
+            let maglev = match self.limits.maglev {
+                Some(m) if value.flags & SVC_FLAG_MAGLEV != 0 => maglev::table(&eps, m),
+                _ => Vec::new(),
+            };
+            self.programmed.insert(
+                fkey,
+                Programmed {
+                    value,
+                    slots: eps,
+                    ranges: ranges_of.remove(&value.id).unwrap_or_default(),
+                    maglev,
+                },
+            );
         }
         self.stray_backends.extend(slots.into_keys());
         self.ids.adopt(&used);
@@ -193,6 +261,11 @@ impl<W: MapWriter> MapSync<W> {
         &self.writer
     }
 
+    /// The writer, for maps the engine does not own (node addresses, devices, tracking).
+    pub fn writer_mut(&mut self) -> &mut W {
+        &mut self.writer
+    }
+
     fn write(&mut self, op: MapOp) -> Result<(), DataplaneError> {
         self.writer
             .write(&op)
@@ -203,7 +276,7 @@ impl<W: MapWriter> MapSync<W> {
     /// for a grace period (every kernel program running now has finished) and hands the
     /// result to [`MapSync::end_grace`].
     pub fn begin_grace(&mut self) -> Option<Grace> {
-        if self.retired_slots.is_empty() && self.quarantined.is_empty() {
+        if !self.reclaim_pending() {
             return None;
         }
         let g = Grace(self.epoch);
@@ -213,6 +286,18 @@ impl<W: MapWriter> MapSync<W> {
 
     /// Deletes the slots and frees the ids retired up to `g`: no reader can hold them.
     pub fn end_grace(&mut self, g: Grace) -> Result<Reclaimed, DataplaneError> {
+        // Tables first: they may name the slots deleted next.
+        let mut chunks: Vec<MaglevKey> = self
+            .retired_maglev
+            .iter()
+            .filter(|(_, e)| **e <= g.0)
+            .map(|(k, _)| *k)
+            .collect();
+        chunks.sort();
+        for k in chunks {
+            self.write(MapOp::DelMaglev(k))?;
+            self.retired_maglev.remove(&k);
+        }
         let mut due: Vec<BackendKey> = self
             .retired_slots
             .iter()
@@ -239,7 +324,9 @@ impl<W: MapWriter> MapSync<W> {
 
     /// Whether retired entries wait for a grace period.
     pub fn reclaim_pending(&self) -> bool {
-        !self.retired_slots.is_empty() || !self.quarantined.is_empty()
+        !self.retired_slots.is_empty()
+            || !self.quarantined.is_empty()
+            || !self.retired_maglev.is_empty()
     }
 
     /// UDP backends that left a frontend since the last call (their connected sockets are
@@ -252,6 +339,52 @@ impl<W: MapWriter> MapSync<W> {
         self.retired_slots.insert(k, self.epoch);
     }
 
+    fn retire_maglev(&mut self, id: u32, table: &[u16]) {
+        for chunk in 0..table.len().div_ceil(MAGLEV_CHUNK) {
+            let k = MaglevKey {
+                id,
+                chunk: chunk as u32,
+            };
+            self.retired_maglev.insert(k, self.epoch);
+        }
+    }
+
+    /// Whether a frontend picks by Maglev.
+    fn uses_maglev(&self, key: &FrontendKey) -> Option<u32> {
+        self.limits.maglev.filter(|_| key.scope == Scope::External)
+    }
+
+    fn write_maglev(&mut self, id: u32, old: &[u16], table: &[u16]) -> Result<(), DataplaneError> {
+        if table.is_empty() {
+            self.retire_maglev(id, old);
+            return Ok(());
+        }
+        for (k, c) in changed_chunks(id, old, table) {
+            self.write(MapOp::SetMaglev(k, c))?;
+            self.retired_maglev.remove(&k);
+        }
+        Ok(())
+    }
+
+    fn write_ranges(
+        &mut self,
+        id: u32,
+        old: &BTreeSet<IpNet>,
+        new: &BTreeSet<IpNet>,
+        additions: bool,
+    ) -> Result<(), DataplaneError> {
+        if additions {
+            for net in new.difference(old) {
+                self.write(MapOp::SetSourceRange(id, *net))?;
+            }
+        } else {
+            for net in old.difference(new) {
+                self.write(MapOp::DelSourceRange(id, *net))?;
+            }
+        }
+        Ok(())
+    }
+
     fn note_removed(&mut self, key: &FrontendKey, gone: impl Iterator<Item = Endpoint>) {
         if key.protocol == crate::model::Protocol::Udp {
             self.removed_udp.extend(gone);
@@ -262,15 +395,18 @@ impl<W: MapWriter> MapSync<W> {
         let Some(p) = self.programmed.get(key).cloned() else {
             return Ok(());
         };
-        // The entry goes first: no new connect can reach the slots after it. The slots and
-        // the id stay until no reader can hold them.
+        // The entry goes first: no new connect can reach the slots after it. The slots, the
+        // Maglev table and the id stay until no reader can hold them; source ranges go at
+        // once (a late reader is then denied, never wrongly admitted).
         self.write(MapOp::DelService(service_key(key)))?;
+        self.write_ranges(p.value.id, &p.ranges, &BTreeSet::new(), false)?;
         for slot in 0..p.slots.len() as u32 {
             self.retire_slot(BackendKey {
                 service: p.value.id,
                 slot,
             });
         }
+        self.retire_maglev(p.value.id, &p.maglev);
         self.programmed.remove(key);
         self.live_len.remove(&p.value.id);
         self.quarantined.push((p.value.id, self.epoch));
@@ -321,10 +457,27 @@ impl<W: MapWriter> MapSync<W> {
                 self.set_backend(k, ep)?;
             }
         }
-        let value = value_for(id, new_len, d);
+        let m = self.uses_maglev(key);
+        let value = value_for(id, new_len, d, m.is_some());
+        let ranges: BTreeSet<IpNet> = d.source_ranges.iter().copied().collect();
+        self.write_ranges(id, &current.ranges, &ranges, true)?;
+        let table = match m {
+            Some(m) => maglev::table(&target, m),
+            None => Vec::new(),
+        };
+        // Maglev entries name slots: the table goes in before a lowered count (and before
+        // a first count, which no reader looks past), after a raised one.
+        let table_first = new_len < old_len || current.maglev.is_empty();
+        if table_first {
+            self.write_maglev(id, &current.maglev, &table)?;
+        }
         if value != current.value {
             self.write(MapOp::SetService(service_key(key), value))?;
         }
+        if !table_first {
+            self.write_maglev(id, &current.maglev, &table)?;
+        }
+        self.write_ranges(id, &current.ranges, &ranges, false)?;
         self.live_len.insert(id, new_len as u32);
         // Readers of the old count may still look these up: retired, not deleted.
         for slot in new_len..old_len {
@@ -346,6 +499,8 @@ impl<W: MapWriter> MapSync<W> {
             Programmed {
                 value,
                 slots: target,
+                ranges,
+                maglev: table,
             },
         );
         Ok(())
@@ -366,11 +521,27 @@ impl<W: MapWriter> MapSync<W> {
             };
             self.set_backend(k, ep)?;
         }
-        let value = value_for(id, slots.len(), d);
+        let m = self.uses_maglev(key);
+        let value = value_for(id, slots.len(), d, m.is_some());
+        let ranges: BTreeSet<IpNet> = d.source_ranges.iter().copied().collect();
+        self.write_ranges(id, &BTreeSet::new(), &ranges, true)?;
+        let table = match m {
+            Some(m) => maglev::table(&slots, m),
+            None => Vec::new(),
+        };
+        self.write_maglev(id, &[], &table)?;
         self.write(MapOp::SetService(service_key(key), value))?;
         self.live_len.insert(id, value.count);
         self.backends_in_use += slots.len() as u64;
-        self.programmed.insert(*key, Programmed { value, slots });
+        self.programmed.insert(
+            *key,
+            Programmed {
+                value,
+                slots,
+                ranges,
+                maglev: table,
+            },
+        );
         Ok(())
     }
 }

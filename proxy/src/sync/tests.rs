@@ -2,7 +2,8 @@
 //! sequence of events the maps equal the desired state, and at every single write the
 //! ordering invariant holds: every slot exposed now holds an old or a new backend, every
 //! slot a reader may have been shown since the last grace period still exists, and no id
-//! seen since then names another frontend.
+//! seen since then names another frontend; every Maglev entry names a slot that exists, and
+//! a frontend flagged for source ranges has them.
 
 use super::*;
 use crate::desired::{Change, DesiredState};
@@ -10,9 +11,13 @@ use crate::model::{
     Family, ObjectKey, Port, PortName, Protocol, ServicePort, ServiceSpec, SliceEndpoint,
     SliceName, SlicePort, SliceSpec,
 };
+use crate::model::{ServiceKind, TrafficPolicy};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+
+/// The Maglev table size of these tests (small: the checks walk every entry).
+const M: u32 = 251;
 
 /// The maps as a model, checking the invariant after every write.
 #[derive(Default)]
@@ -30,6 +35,8 @@ struct Recording {
     exposed: HashSet<BackendKey>,
     /// The frontend each id exposed since the last grace period belongs to.
     id_owner: HashMap<u32, ServiceKey>,
+    ranges: BTreeSet<(u32, IpNet)>,
+    maglev: BTreeMap<MaglevKey, Box<MaglevChunk>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,9 +66,29 @@ impl MapWriter for Recording {
                 self.backends.remove(k);
             }
             MapOp::ResetCounters(_) => {}
+            MapOp::SetSourceRange(id, net) => {
+                self.ranges.insert((*id, *net));
+            }
+            MapOp::DelSourceRange(id, net) => {
+                self.ranges.remove(&(*id, *net));
+            }
+            MapOp::SetMaglev(k, c) => {
+                self.maglev.insert(*k, c.clone());
+            }
+            MapOp::DelMaglev(k) => {
+                self.maglev.remove(k);
+            }
         }
         self.check_invariant(op);
         Ok(())
+    }
+}
+
+/// An operation for a failure message (Maglev chunks are long).
+fn brief(op: &MapOp) -> String {
+    match op {
+        MapOp::SetMaglev(k, _) => format!("SetMaglev({k:?}, ..)"),
+        other => format!("{other:?}"),
     }
 }
 
@@ -77,8 +104,10 @@ impl Recording {
         for (k, v) in &self.services {
             if let Some(owner) = self.id_owner.insert(v.id, *k) {
                 assert_eq!(
-                    owner, *k,
-                    "after {op:?}: id {} given to {k:?} while a reader may hold it for {owner:?}",
+                    owner,
+                    *k,
+                    "after {}: id {} given to {k:?} while a reader may hold it for {owner:?}",
+                    brief(op),
                     v.id
                 );
             }
@@ -88,11 +117,48 @@ impl Recording {
                     slot,
                 });
             }
+            if v.flags & SVC_FLAG_SOURCE_RANGES != 0 {
+                assert!(
+                    self.ranges
+                        .range((v.id, IpNet::default())..)
+                        .next()
+                        .is_some_and(|(i, _)| *i == v.id),
+                    "after {}: {k:?} checks source ranges it does not have",
+                    brief(op)
+                );
+            }
+        }
+        // A reader may read a frontend's Maglev table at any time: every entry of every
+        // table names a slot that exists (it is looked up without the count).
+        for (k, c) in &self.maglev {
+            for e in &c.slots[..(M as usize - k.chunk as usize * MAGLEV_CHUNK).min(MAGLEV_CHUNK)] {
+                let slot = BackendKey {
+                    service: k.id,
+                    slot: *e as u32,
+                };
+                assert!(
+                    self.backends.contains_key(&slot),
+                    "after {}: Maglev chunk {k:?} names missing slot {}",
+                    brief(op),
+                    e
+                );
+            }
+        }
+        for (k, v) in &self.services {
+            if v.flags & SVC_FLAG_MAGLEV != 0 && v.count > 0 {
+                let c = MaglevKey { id: v.id, chunk: 0 };
+                assert!(
+                    self.maglev.contains_key(&c),
+                    "after {}: {k:?} has no Maglev table",
+                    brief(op)
+                );
+            }
         }
         for k in &self.exposed {
             assert!(
                 self.backends.contains_key(k),
-                "after {op:?}: slot {k:?} deleted while a reader may hold its count"
+                "after {}: slot {k:?} deleted while a reader may hold its count",
+                brief(op)
             );
         }
         for (k, v) in &self.services {
@@ -103,11 +169,14 @@ impl Recording {
                         service: v.id,
                         slot,
                     })
-                    .unwrap_or_else(|| panic!("after {op:?}: {k:?} exposes empty slot {slot}"));
+                    .unwrap_or_else(|| {
+                        panic!("after {}: {k:?} exposes empty slot {slot}", brief(op))
+                    });
                 if let Some(allowed) = self.allowed.get(k) {
                     assert!(
                         allowed.contains(b),
-                        "after {op:?}: {k:?} slot {slot} exposes stale backend {b:?}"
+                        "after {}: {k:?} slot {slot} exposes stale backend {b:?}",
+                        brief(op)
                     );
                 }
             }
@@ -123,20 +192,36 @@ fn cluster_ip(i: u8) -> IpAddr {
     format!("10.96.0.{i}").parse().unwrap()
 }
 
+/// Service `i`: every second one a LoadBalancer (node port, an address, source ranges when
+/// `ranges`), the others ClusterIP; with or without affinity.
 fn spec(i: u8, affinity: bool) -> ServiceSpec {
-    ServiceSpec {
-        cluster_ips: vec![cluster_ip(i)],
-        ports: vec![ServicePort {
+    let mut s = ServiceSpec::cluster_ip(
+        vec![cluster_ip(i)],
+        vec![ServicePort {
             name: PortName("p".into()),
             port: Port::new(80).unwrap(),
             protocol: Protocol::Tcp,
+            node_port: None,
         }],
-        affinity: if affinity {
-            Affinity::ClientIp { timeout_s: 60 }
-        } else {
-            Affinity::None
-        },
+    );
+    s.affinity = if affinity {
+        Affinity::ClientIp { timeout_s: 60 }
+    } else {
+        Affinity::None
+    };
+    if i % 2 == 1 {
+        s.kind = ServiceKind::LoadBalancer;
+        s.ports[0].node_port = Port::new(30_000 + i as u16);
+        s.load_balancer_ips = vec![format!("10.249.0.{i}").parse().unwrap()];
+        if affinity {
+            s.source_ranges = vec![
+                "10.0.0.0/8".parse().unwrap(),
+                format!("192.168.{i}.0/24").parse().unwrap(),
+            ];
+            s.external_policy = TrafficPolicy::Local;
+        }
     }
+    s
 }
 
 fn slice(service: u8, endpoints: &[u8]) -> SliceSpec {
@@ -262,12 +347,37 @@ fn assert_maps_equal_desired(desired: &DesiredState, rec: &Recording) {
     );
     let ids: HashSet<u32> = rec.services.values().map(|v| v.id).collect();
     assert_eq!(ids.len(), rec.services.len(), "two frontends share an id");
+    // Source ranges: exactly the desired ones, under each frontend's id.
+    let mut want_ranges = BTreeSet::new();
+    for svc in desired.service_names() {
+        for (k, f) in desired.frontends(svc) {
+            let id = rec.services[&service_key(&k)].id;
+            want_ranges.extend(f.source_ranges.iter().map(|n| (id, *n)));
+        }
+    }
+    assert_eq!(rec.ranges, want_ranges);
+    // Maglev tables: for every packet-level frontend with backends, every entry names one
+    // of its slots; nothing else holds chunks.
+    let mut want_chunks = BTreeSet::new();
+    for v in rec.services.values() {
+        if v.flags & SVC_FLAG_MAGLEV != 0 && v.count > 0 {
+            for c in 0..(M as usize).div_ceil(MAGLEV_CHUNK) {
+                want_chunks.insert(MaglevKey {
+                    id: v.id,
+                    chunk: c as u32,
+                });
+            }
+        }
+    }
+    let got_chunks: BTreeSet<MaglevKey> = rec.maglev.keys().copied().collect();
+    assert_eq!(got_chunks, want_chunks);
 }
 
 fn limits() -> Limits {
     Limits {
         max_services: 64,
         max_backends: 1024,
+        maglev: Some(M),
     }
 }
 
@@ -299,10 +409,20 @@ proptest! {
         }
         settle(&mut engine);
         let old = engine.writer;
-        let mut rec = Recording { services: old.services.clone(), backends: old.backends.clone(), ..Recording::default() };
+        let mut rec = Recording {
+            services: old.services.clone(),
+            backends: old.backends.clone(),
+            ranges: old.ranges.clone(),
+            maglev: old.maglev.clone(),
+            ..Recording::default()
+        };
         rec.writes = 0;
         let mut restarted = MapSync::new(rec, limits());
-        restarted.adopt(old.services.into_iter().collect(), old.backends.into_iter().collect());
+        restarted.adopt(
+            old.services.into_iter().collect(),
+            old.backends.into_iter().collect(),
+            old.ranges.iter().copied().collect(),
+        );
         let names: Vec<ServiceName> = desired.service_names().cloned().collect();
         for svc in &names {
             let f = desired.frontends(svc);
@@ -322,18 +442,18 @@ proptest! {
 fn one_endpoint_change_writes_one_slot_and_nothing_else() {
     let mut desired = DesiredState::default();
     let mut engine = MapSync::new(Recording::default(), limits());
-    step(&mut desired, &mut engine, &Ev::Service(1, Some(false)));
+    step(&mut desired, &mut engine, &Ev::Service(2, Some(false)));
     step(
         &mut desired,
         &mut engine,
-        &Ev::Slice(1, 0, Some(vec![1, 2, 3])),
+        &Ev::Slice(2, 0, Some(vec![1, 2, 3])),
     );
     let before = engine.writer.writes;
     // Replace endpoint 2 by 4: one slot rewritten in place, count unchanged.
     step(
         &mut desired,
         &mut engine,
-        &Ev::Slice(1, 0, Some(vec![1, 3, 4])),
+        &Ev::Slice(2, 0, Some(vec![1, 3, 4])),
     );
     assert_eq!(engine.writer.writes - before, 1);
     // Remove endpoint 1: the tail moves into its slot and the count shrinks; the tail goes
@@ -342,7 +462,7 @@ fn one_endpoint_change_writes_one_slot_and_nothing_else() {
     step(
         &mut desired,
         &mut engine,
-        &Ev::Slice(1, 0, Some(vec![3, 4])),
+        &Ev::Slice(2, 0, Some(vec![3, 4])),
     );
     assert_eq!(engine.writer.writes - before, 2);
     assert!(engine.reclaim_pending());
@@ -357,14 +477,14 @@ fn one_endpoint_change_writes_one_slot_and_nothing_else() {
 fn retired_slots_and_ids_wait_for_a_grace_period() {
     let mut desired = DesiredState::default();
     let mut engine = MapSync::new(Recording::default(), limits());
-    step(&mut desired, &mut engine, &Ev::Service(1, Some(false)));
+    step(&mut desired, &mut engine, &Ev::Service(2, Some(false)));
     step(
         &mut desired,
         &mut engine,
-        &Ev::Slice(1, 0, Some(vec![1, 2, 3])),
+        &Ev::Slice(2, 0, Some(vec![1, 2, 3])),
     );
     let old = engine.writer.services.values().next().copied().unwrap();
-    step(&mut desired, &mut engine, &Ev::Slice(1, 0, Some(vec![1])));
+    step(&mut desired, &mut engine, &Ev::Slice(2, 0, Some(vec![1])));
     for slot in 0..old.count {
         assert!(engine.writer.backends.contains_key(&BackendKey {
             service: old.id,
@@ -372,8 +492,8 @@ fn retired_slots_and_ids_wait_for_a_grace_period() {
         }));
     }
     // Removed, and another service created at once: it gets a different id.
-    step(&mut desired, &mut engine, &Ev::Service(1, None));
-    step(&mut desired, &mut engine, &Ev::Service(2, Some(false)));
+    step(&mut desired, &mut engine, &Ev::Service(2, None));
+    step(&mut desired, &mut engine, &Ev::Service(4, Some(false)));
     let new = engine.writer.services.values().next().copied().unwrap();
     assert_ne!(new.id, old.id);
     settle(&mut engine);
@@ -389,15 +509,17 @@ fn a_full_map_refuses_new_frontends_and_keeps_the_others() {
         Limits {
             max_services: 2,
             max_backends: 1024,
+            maglev: None,
         },
     );
-    for i in 0..2 {
+    // Even services are ClusterIP: one frontend each.
+    for i in [0, 2] {
         step(&mut desired, &mut engine, &Ev::Service(i, Some(false)));
     }
     desired
-        .apply(to_change(&Ev::Service(2, Some(false))))
+        .apply(to_change(&Ev::Service(4, Some(false))))
         .unwrap();
-    let errors = engine.update(&name(2), &desired.frontends(&name(2)));
+    let errors = engine.update(&name(4), &desired.frontends(&name(4)));
     assert!(matches!(
         errors.as_slice(),
         [DataplaneError::Full {
@@ -410,11 +532,11 @@ fn a_full_map_refuses_new_frontends_and_keeps_the_others() {
     // Freeing one makes room once its id is out of quarantine.
     step(&mut desired, &mut engine, &Ev::Service(0, None));
     assert!(!engine
-        .update(&name(2), &desired.frontends(&name(2)))
+        .update(&name(4), &desired.frontends(&name(4)))
         .is_empty());
     reclaim(&mut engine);
     assert!(engine
-        .update(&name(2), &desired.frontends(&name(2)))
+        .update(&name(4), &desired.frontends(&name(4)))
         .is_empty());
     assert_eq!(engine.writer.services.len(), 2);
 }
@@ -427,11 +549,11 @@ fn a_failed_write_is_reported_not_panicked() {
         ..Recording::default()
     };
     let mut engine = MapSync::new(rec, limits());
-    step(&mut desired, &mut engine, &Ev::Service(1, Some(false)));
+    step(&mut desired, &mut engine, &Ev::Service(2, Some(false)));
     desired
-        .apply(to_change(&Ev::Slice(1, 0, Some(vec![1, 2, 3]))))
+        .apply(to_change(&Ev::Slice(2, 0, Some(vec![1, 2, 3]))))
         .unwrap();
-    let errors = engine.update(&name(1), &desired.frontends(&name(1)));
+    let errors = engine.update(&name(2), &desired.frontends(&name(2)));
     assert!(matches!(errors.as_slice(), [DataplaneError::Write(_)]));
     // The frontend still answers with what it had (no backends: refused), never a hole.
     engine.writer.check_invariant(&MapOp::ResetCounters(0));

@@ -2,9 +2,13 @@
 //! daemon, a recording model in tests), and the conversions between the model's addresses
 //! and the kernel's map layouts.
 
-use crate::desired::{Endpoint, FrontendKey};
+use crate::desired::{Endpoint, FrontendKey, Scope};
 use crate::model::{Port, Protocol};
-use proxy_common::{Addr, Backend, BackendKey, ServiceKey, ServiceValue, SCOPE_CLUSTER};
+use ipnet::IpNet;
+use proxy_common::{
+    Addr, Backend, BackendKey, MaglevChunk, MaglevKey, ServiceKey, ServiceValue,
+    BACKEND_FLAG_LOCAL, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT,
+};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// One write to the data path's maps. The engine orders them so that every intermediate
@@ -17,6 +21,12 @@ pub enum MapOp {
     DelBackend(BackendKey),
     /// Zero a frontend id's counters before the id is reused.
     ResetCounters(u32),
+    /// A loadBalancerSourceRanges prefix a frontend id admits.
+    SetSourceRange(u32, IpNet),
+    DelSourceRange(u32, IpNet),
+    /// One chunk of a frontend's Maglev table.
+    SetMaglev(MaglevKey, Box<MaglevChunk>),
+    DelMaglev(MaglevKey),
 }
 
 /// Performs map operations, in order.
@@ -52,23 +62,42 @@ pub fn ip(a: &Addr) -> IpAddr {
 }
 
 pub fn service_key(k: &FrontendKey) -> ServiceKey {
+    // A node port's key has address zero: it stands for every node address.
+    let a = if k.ip.is_unspecified() {
+        Addr::default()
+    } else {
+        addr(k.ip)
+    };
     ServiceKey {
-        addr: addr(k.ip),
+        addr: a,
         port: k.port.get().to_be(),
         proto: k.protocol.number(),
-        scope: SCOPE_CLUSTER,
+        scope: match k.scope {
+            Scope::Cluster => SCOPE_CLUSTER,
+            Scope::NodePort => SCOPE_NODEPORT,
+            Scope::External => SCOPE_EXTERNAL,
+        },
     }
 }
 
 /// The frontend a map key stands for; `None` for keys this engine did not write.
 pub fn frontend_key(k: &ServiceKey) -> Option<FrontendKey> {
-    if k.scope != SCOPE_CLUSTER {
-        return None;
-    }
+    let scope = match k.scope {
+        SCOPE_CLUSTER => Scope::Cluster,
+        SCOPE_NODEPORT => Scope::NodePort,
+        SCOPE_EXTERNAL => Scope::External,
+        _ => return None,
+    };
+    let ip = if k.addr == Addr::default() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        ip(&k.addr)
+    };
     Some(FrontendKey {
-        ip: ip(&k.addr),
+        ip,
         port: Port::new(u16::from_be(k.port))?,
         protocol: Protocol::from_number(k.proto)?,
+        scope,
     })
 }
 
@@ -76,7 +105,7 @@ pub fn backend(e: &Endpoint) -> Backend {
     Backend {
         addr: addr(e.ip),
         port: e.port.get().to_be(),
-        flags: 0,
+        flags: if e.local { BACKEND_FLAG_LOCAL } else { 0 },
         _pad: 0,
     }
 }
@@ -85,6 +114,7 @@ pub fn endpoint(b: &Backend) -> Option<Endpoint> {
     Some(Endpoint {
         ip: ip(&b.addr),
         port: Port::new(u16::from_be(b.port))?,
+        local: b.flags & BACKEND_FLAG_LOCAL != 0,
     })
 }
 
@@ -98,11 +128,19 @@ mod tests {
             let i: IpAddr = s.parse().unwrap();
             assert_eq!(ip(&addr(i)), i);
         }
-        let k = FrontendKey {
-            ip: "10.96.0.1".parse().unwrap(),
-            port: Port::new(443).unwrap(),
-            protocol: Protocol::Udp,
-        };
-        assert_eq!(frontend_key(&service_key(&k)), Some(k));
+        for (ip, scope) in [
+            ("10.96.0.1", Scope::Cluster),
+            ("0.0.0.0", Scope::NodePort),
+            ("0.0.0.0", Scope::External),
+            ("10.249.0.200", Scope::External),
+        ] {
+            let k = FrontendKey {
+                ip: ip.parse().unwrap(),
+                port: Port::new(443).unwrap(),
+                protocol: Protocol::Udp,
+                scope,
+            };
+            assert_eq!(frontend_key(&service_key(&k)), Some(k));
+        }
     }
 }

@@ -166,7 +166,12 @@ impl World {
         } else {
             self.ns.command(PROXY)
         };
-        cmd.args(["run", "--mode", mode, "--metrics", "127.0.0.1:0"]);
+        cmd.args(["run", "--mode", mode, "--metrics", "127.0.0.1:0"])
+            .args(["--node-name", NODE]);
+        if self.proxy_outside() {
+            // On the host: never the machine's own interfaces.
+            cmd.args(["--devices", "none"]);
+        }
         match &self.api {
             Some(kubeconfig) => cmd
                 .args(["--source", "api", "--kubeconfig"])
@@ -462,4 +467,160 @@ pub fn slice(
         ports.join(", "),
         eps.join(", ")
     )
+}
+
+/// Traffic from outside the node, around a [`World`] whose namespace plays the node: a
+/// client namespace linked to it (the node's address on that link is where NodePorts
+/// answer), and a second node's namespace behind it holding a remote backend. Addresses
+/// come from a /24 leased for the test: client link .0/30 (node .1, client .2), other node
+/// link .4/30 (node .5, other node .6), local backends .65 and .66 on the node, external
+/// addresses routed to the node from the client (.100 and up).
+pub struct Outside {
+    pub client: NetNs,
+    pub other: NetNs,
+    lease: SubnetLease,
+    client_link: skiff_tests::netns::Veth,
+    _other_link: skiff_tests::netns::Veth,
+}
+
+/// The node's name in the proxy (`--node-name`) and the other node's, for slices.
+pub const NODE: &str = "px-node";
+pub const OTHER_NODE: &str = "px-other";
+
+impl Outside {
+    pub fn new(w: &World) -> Outside {
+        let lease = subnet::lease();
+        let client = NetNs::new("pc");
+        let other = NetNs::new("po");
+        let client_link = skiff_tests::netns::Veth::new(Some(&w.ns), &client);
+        let other_link = skiff_tests::netns::Veth::new(Some(&w.ns), &other);
+        let o = Outside {
+            client,
+            other,
+            lease,
+            client_link,
+            _other_link: other_link,
+        };
+        let (cl, ol) = (&o.client_link, &o._other_link);
+        w.ns.ip(&["addr", "add", &format!("{}/30", o.addr(1)), "dev", &cl.host]);
+        o.client
+            .ip(&["addr", "add", &format!("{}/30", o.addr(2)), "dev", &cl.peer]);
+        w.ns.ip(&["addr", "add", &format!("{}/30", o.addr(5)), "dev", &ol.host]);
+        o.other
+            .ip(&["addr", "add", &format!("{}/30", o.addr(6)), "dev", &ol.peer]);
+        for b in [65, 66] {
+            w.ns.ip(&["addr", "add", &format!("{}/32", o.addr(b)), "dev", &cl.host]);
+        }
+        // The rest of the /24 (external addresses) is reached through the node, from both.
+        let net = o.lease.cidr().to_string();
+        o.client
+            .ip(&["route", "add", &net, "via", &o.addr(1).to_string()]);
+        o.other
+            .ip(&["route", "add", &net, "via", &o.addr(5).to_string()]);
+        // The node forwards between its links (iptables mode's DNAT to the other node).
+        skiff_tests::netns::must(
+            w.ns.command("sysctl")
+                .args(["-qw", "net.ipv4.ip_forward=1"]),
+        );
+        o
+    }
+
+    pub fn addr(&self, host: u8) -> IpAddr {
+        format!("10.250.{}.{host}", self.lease.octet())
+            .parse()
+            .unwrap()
+    }
+
+    /// The node's address facing the client.
+    pub fn node_ip(&self) -> IpAddr {
+        self.addr(1)
+    }
+
+    pub fn client_ip(&self) -> IpAddr {
+        self.addr(2)
+    }
+
+    /// A backend on the node (local), port 8080, answering `name peer=<client address>`.
+    pub fn local_backend(&self, w: &World, host: u8, name: &str) -> Backend {
+        w.ns.http_server(
+            SocketAddr::new(self.addr(host), 8080),
+            &format!("{name} peer={{peer}}"),
+            2,
+        )
+    }
+
+    /// The backend on the other node, port 8080.
+    pub fn remote_backend(&self, name: &str) -> Backend {
+        self.other.http_server(
+            SocketAddr::new(self.addr(6), 8080),
+            &format!("{name} peer={{peer}}"),
+            2,
+        )
+    }
+
+    /// A UDP backend on the node.
+    pub fn local_udp_backend(&self, w: &World, host: u8, name: &str) -> Backend {
+        w.ns.udp_server(SocketAddr::new(self.addr(host), 5353), name)
+    }
+
+    /// `proxy probe` from the client namespace (outside the node).
+    pub fn probe(&self, proto: &str, addr: SocketAddr, count: u32) -> Vec<Attempt> {
+        let out = self
+            .client
+            .command(PROXY)
+            .args(["probe", proto])
+            .arg(addr.to_string())
+            .args(["--count", &count.to_string()])
+            .output()
+            .expect("running proxy probe");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
+    /// GET `path` on `addr` from the client: (status, body).
+    pub fn http_get(&self, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+        self.client.run(|| {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+            write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).ok()?;
+            let code = text.split_whitespace().nth(1)?.parse().ok()?;
+            Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
+        })
+    }
+
+    /// Turns transmit checksum offload off on the client's end of its link: its packets
+    /// then carry complete checksums, as packets from a wire do (what XDP programs see on
+    /// a physical NIC; a veth otherwise passes the sender's partial checksums along).
+    pub fn full_checksums_from_client(&self) {
+        let dev = self.client_link.peer.clone();
+        self.client.run(move || {
+            #[repr(C)]
+            struct EthtoolValue {
+                cmd: u32,
+                data: u32,
+            }
+            const ETHTOOL_STXCSUM: u32 = 0x17;
+            let mut v = EthtoolValue {
+                cmd: ETHTOOL_STXCSUM,
+                data: 0,
+            };
+            // SAFETY: a zeroed ifreq is valid; the name fits (interface names < 16 bytes).
+            let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+            for (d, s) in ifr.ifr_name.iter_mut().zip(dev.bytes()) {
+                *d = s as libc::c_char;
+            }
+            ifr.ifr_ifru.ifru_data = (&mut v as *mut EthtoolValue).cast();
+            // SAFETY: a datagram socket for the ioctl, closed below.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+            assert!(fd >= 0);
+            // SAFETY: SIOCETHTOOL with a valid ifreq pointing at a valid ethtool_value.
+            let r = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut ifr) };
+            // SAFETY: our own descriptor.
+            unsafe { libc::close(fd) };
+            assert_eq!(r, 0, "ETHTOOL_STXCSUM: {}", std::io::Error::last_os_error());
+        });
+    }
 }

@@ -552,6 +552,8 @@ impl Proxy {
         };
         let capacity = (n + 1).next_power_of_two().max(1024);
         cmd.args(["run", "--mode", mode.name(), "--metrics", "127.0.0.1:0"])
+            // The eBPF proxy runs on the host here: never on the machine's interfaces.
+            .args(["--devices", "none"])
             .arg("--manifests")
             .arg(manifests)
             .arg("--cgroup")
