@@ -61,6 +61,10 @@ pub struct ControllerArgs {
     /// Finished pods kept before the oldest are deleted (0: keep all).
     #[arg(long, default_value_t = 12500)]
     pub terminated_pod_gc_threshold: usize,
+    /// Addresses for LoadBalancer Services (`A.B.C.D-E.F.G.H` or a CIDR; unset: they stay
+    /// pending, as on a cluster without a load balancer).
+    #[arg(long)]
+    pub service_lb_pool: Option<super::servicelb::LbPool>,
 }
 
 impl ControllerArgs {
@@ -84,6 +88,7 @@ impl ControllerArgs {
             cluster_cidr: self.allocate_node_cidrs.then_some(self.cluster_cidr),
             node_cidr_mask_size: self.node_cidr_mask_size,
             terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
+            service_lb_pool: self.service_lb_pool,
             eviction_rates: super::disruption::Rates {
                 node_eviction_rate: self.node_eviction_rate,
                 secondary_node_eviction_rate: self.secondary_node_eviction_rate,

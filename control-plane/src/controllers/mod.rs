@@ -3,7 +3,7 @@
 //! [`deployment`], [`replicaset`], [`endpointslice`] and [`endpoints`] (with what both ask
 //! of Services in [`serviceendpoints`]), [`garbagecollector`], [`namespace`] (both learn
 //! what is served from [`discovery`]), [`nodelifecycle`] (with [`tainteviction`] and
-//! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`]; [`pods`] holds what they ask of pods; [`manager`]
+//! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`], [`servicelb`]; [`pods`] holds what they ask of pods; [`manager`]
 //! runs the enabled ones under leader election with health and metrics; [`flags`] are the
 //! controller-manager's command-line flags.
 //!
@@ -27,6 +27,7 @@ pub mod podgc;
 pub mod pods;
 pub mod replicaset;
 pub mod serviceendpoints;
+pub mod servicelb;
 pub mod tainteviction;
 
 use std::collections::BTreeSet;
@@ -58,10 +59,11 @@ pub enum ControllerName {
     NodeIpam,
     DaemonSet,
     ClusterRoleAggregation,
+    ServiceLb,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 12] = [
+    pub const ALL: [ControllerName; 13] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -74,6 +76,7 @@ impl ControllerName {
         ControllerName::NodeIpam,
         ControllerName::DaemonSet,
         ControllerName::ClusterRoleAggregation,
+        ControllerName::ServiceLb,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -90,6 +93,7 @@ impl ControllerName {
             ControllerName::NodeIpam => "nodeipam",
             ControllerName::DaemonSet => "daemonset",
             ControllerName::ClusterRoleAggregation => "clusterrole-aggregation",
+            ControllerName::ServiceLb => "servicelb",
         }
     }
 
@@ -108,6 +112,7 @@ impl ControllerName {
             ControllerName::NodeIpam => "node-ipam-controller",
             ControllerName::DaemonSet => "daemonset-controller",
             ControllerName::ClusterRoleAggregation => "clusterrole-aggregation-controller",
+            ControllerName::ServiceLb => "service-lb-controller",
         }
     }
 }
@@ -212,6 +217,8 @@ pub struct Settings {
     pub node_cidr_mask_size: u8,
     /// Finished pods kept before the oldest are deleted (0: no limit).
     pub terminated_pod_gc_threshold: usize,
+    /// Addresses LoadBalancer Services get (None: they stay pending).
+    pub service_lb_pool: Option<servicelb::LbPool>,
     /// How fast unreachable nodes are tainted NoExecute, per zone and disruption state.
     pub eviction_rates: disruption::Rates,
 }
@@ -237,6 +244,7 @@ impl Default for Settings {
             }),
             node_cidr_mask_size: 24,
             terminated_pod_gc_threshold: 12500,
+            service_lb_pool: None,
             eviction_rates: disruption::Rates::default(),
         }
     }
@@ -314,6 +322,11 @@ pub async fn run(
     }
     if on(ControllerName::DaemonSet) {
         tasks.push(Box::pin(daemonset::build(&ctx).run(t())));
+    }
+    if on(ControllerName::ServiceLb) {
+        if let Some(c) = servicelb::build(&ctx) {
+            tasks.push(Box::pin(c.run(t())));
+        }
     }
     if on(ControllerName::ClusterRoleAggregation) {
         tasks.push(Box::pin(clusterroleaggregation::build(&ctx).run(t())));

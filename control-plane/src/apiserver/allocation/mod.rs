@@ -1,5 +1,6 @@
 //! ClusterIP and NodePort allocation for Services (derived from the stored Services on start,
-//! taken before a write, given back if it fails, released on delete). Part of persisting a
+//! taken before a write, given back if it fails, released on delete); the health check node
+//! port of a LoadBalancer Service with externalTrafficPolicy Local comes from the same range. Part of persisting a
 //! Service, as in Kubernetes' service storage, not an admission plugin: admission
 //! (`apiserver/admission/`) runs before it.
 
@@ -55,13 +56,30 @@ fn service_ips(svc: &Value) -> Vec<Ipv4Addr> {
     out
 }
 
+/// The node ports a Service holds, its health check node port included.
 fn node_ports(svc: &Value) -> Vec<u16> {
     ports(svc)
         .iter()
         .filter_map(|p| p.get("nodePort")?.as_u64())
+        .chain(health_check_port(svc))
         .filter_map(|p| u16::try_from(p).ok())
         .filter(|p| *p != 0)
         .collect()
+}
+
+fn health_check_port(svc: &Value) -> Option<u64> {
+    svc.pointer("/spec/healthCheckNodePort")
+        .and_then(Value::as_u64)
+        .filter(|p| *p != 0)
+}
+
+/// A LoadBalancer that keeps the client address needs a health check node port.
+fn wants_health_check(svc: &Value) -> bool {
+    svc_type(svc) == "LoadBalancer"
+        && svc
+            .pointer("/spec/externalTrafficPolicy")
+            .and_then(Value::as_str)
+            == Some("Local")
 }
 
 fn ports(svc: &Value) -> Vec<Value> {
@@ -340,12 +358,85 @@ impl Allocator {
                 a.taken_ports.push(port);
             }
         }
+        if let Some(port) = self.assign_health_check(svc, old, dry_run, a, &dry_ports, &name)? {
+            kept.push(port);
+        }
         a.freed_ports
             .extend(old_ports.into_iter().filter(|p| !kept.contains(p)));
         if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
             spec.insert("ports".into(), Value::Array(list));
         }
         Ok(())
+    }
+
+    /// spec.healthCheckNodePort for a LoadBalancer with externalTrafficPolicy Local: the
+    /// requested port, the one it had, or the next free one. Returns the old port if it is
+    /// kept (so it is not freed).
+    fn assign_health_check(
+        &self,
+        svc: &mut Value,
+        old: Option<&Value>,
+        dry_run: bool,
+        a: &mut Allocation,
+        dry_ports: &[u16],
+        name: &str,
+    ) -> Result<Option<u16>, ApiError> {
+        if !wants_health_check(svc) {
+            return Ok(None);
+        }
+        let had = old
+            .and_then(health_check_port)
+            .and_then(|p| u16::try_from(p).ok());
+        let set = |svc: &mut Value, port: u16| {
+            if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.insert("healthCheckNodePort".into(), json!(port));
+            }
+        };
+        let requested = health_check_port(svc);
+        let Some(requested) = requested else {
+            if let Some(p) = had {
+                set(svc, p);
+                return Ok(Some(p));
+            }
+            let next = if dry_run {
+                self.ports().next_free(dry_ports)
+            } else {
+                self.ports().allocate_next()
+            };
+            let port = next.map_err(|e| {
+                ApiError::internal(format!("failed to allocate a healthCheckNodePort: {e}"))
+            })?;
+            if !dry_run {
+                a.taken_ports.push(port);
+            }
+            set(svc, port);
+            return Ok(None);
+        };
+        let port = u16::try_from(requested).unwrap_or(0);
+        if had == Some(port) {
+            return Ok(Some(port));
+        }
+        let r = if dry_run {
+            self.ports().check(port)
+        } else {
+            self.ports().allocate(port)
+        };
+        r.map_err(|e| {
+            ApiError::invalid(
+                "",
+                "Service",
+                name,
+                vec![FieldError::invalid(
+                    "spec.healthCheckNodePort",
+                    requested,
+                    &e.to_string(),
+                )],
+            )
+        })?;
+        if !dry_run {
+            a.taken_ports.push(port);
+        }
+        Ok(None)
     }
 
     /// The write was committed: free what it gave up.
@@ -399,6 +490,35 @@ mod tests {
     fn svc(ty: &str, ip: &str, node_port: u64) -> Value {
         json!({"metadata":{"name":"s"},"spec":{"type":ty,"clusterIP":ip,
             "ports":[{"port":80,"protocol":"TCP","nodePort":node_port}]}})
+    }
+
+    #[test]
+    fn a_local_load_balancer_gets_a_health_check_node_port_and_gives_it_back() {
+        let a = Allocator::new("10.96.0.0/24".parse().unwrap(), 30000..=30002);
+        let mut s = json!({"metadata":{"name":"lb"},"spec":{"type":"LoadBalancer",
+            "externalTrafficPolicy":"Local","ports":[{"port":80,"protocol":"TCP"}]}});
+        let r = find("", "v1", "services").unwrap();
+        let t = a.allocate_create(r, &mut s, false).unwrap();
+        a.commit(t);
+        let np = s["spec"]["ports"][0]["nodePort"].as_u64().unwrap();
+        let hc = s["spec"]["healthCheckNodePort"].as_u64().unwrap();
+        assert_ne!(np, hc);
+        // Kept across an update that omits it; the last port is then the only one left.
+        let mut upd = json!({"metadata":{"name":"lb"},"spec":{"type":"LoadBalancer",
+            "externalTrafficPolicy":"Local","ports":[{"port":80,"protocol":"TCP"}]}});
+        let t = a.allocate_update(r, &mut upd, &s, false).unwrap();
+        a.commit(t);
+        assert_eq!(upd["spec"]["healthCheckNodePort"], hc);
+        // Back to the Cluster policy: the port is freed (and can be taken again).
+        let mut cluster = upd.clone();
+        cluster["spec"]["externalTrafficPolicy"] = "Cluster".into();
+        cluster["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("healthCheckNodePort");
+        let t = a.allocate_update(r, &mut cluster, &upd, false).unwrap();
+        a.commit(t);
+        assert!(a.ports().allocate(hc as u16).is_ok());
     }
 
     #[test]

@@ -278,6 +278,17 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            // Kubernetes' service controller; skiff's is the built-in LoadBalancer
+            // (controllers/servicelb.rs).
+            "service-controller",
+            vec![
+                r(&["get", "list", "watch"], &[""], &["services"]),
+                r(&["patch", "update"], &[""], &["services/status"]),
+                r(&["list", "watch"], &[""], &["nodes"]),
+                events_rule(),
+            ],
+        ),
+        (
             "replicaset-controller",
             vec![
                 r(
