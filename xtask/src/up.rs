@@ -25,6 +25,10 @@ pub struct Opts {
     /// nothing is routed beyond it.
     #[arg(long, default_value = "10.249.0.0/24")]
     subnet: Subnet,
+    /// Addresses for LoadBalancer Services, within the subnet so the host reaches them on
+    /// the bridge (default: .200 to .250 of the subnet; `none` leaves them pending).
+    #[arg(long)]
+    lb_pool: Option<String>,
     /// The API server's port on 127.0.0.1 (also the relay's port on the bridge).
     #[arg(long, default_value_t = 6443)]
     api_port: u16,
@@ -99,6 +103,14 @@ pub fn up(opts: Opts) -> Result<()> {
     );
     spec.nodes = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
     spec.api_port = opts.api_port;
+    let [a, b, c] = opts.subnet.0;
+    let pool = opts
+        .lb_pool
+        .clone()
+        .unwrap_or_else(|| format!("{a}.{b}.{c}.200-{a}.{b}.{c}.250"));
+    if pool != "none" {
+        spec.control_plane_args = vec!["--service-lb-pool".into(), pool];
+    }
     spec.eviction_hard = opts.eviction_hard;
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,

@@ -98,6 +98,10 @@ fn connection(conn: TcpStream) {
     let Ok(write_half) = conn.try_clone() else {
         return;
     };
+    let remote = conn
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default();
     let mut r = BufReader::new(conn);
     let mut w = BufWriter::new(write_half);
     loop {
@@ -109,7 +113,11 @@ fn connection(conn: TcpStream) {
             }
             Err(ReadError::Eof | ReadError::Io(_)) => return,
         };
-        let (status, body) = answer(&req.path);
+        let (status, body) = match req.path.as_str() {
+            // The client address as this pod sees it (what a proxy kept or translated).
+            "/remote" => (200, format!("{} remote={remote}\n", identity().trim_end())),
+            path => answer(path),
+        };
         if http::write_response(&mut w, status, &body, req.close).is_err() || req.close {
             return;
         }
