@@ -8,6 +8,7 @@
 use k8s_openapi::ByteString;
 use k8s_pb::api::apps::v1 as apps;
 use k8s_pb::api::authorization::v1 as authorization;
+use k8s_pb::api::batch::v1 as batch;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::api::policy::v1 as policy;
 use k8s_pb::api::rbac::v1 as rbac;
@@ -34,6 +35,14 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let bad = |e: prost::DecodeError| ApiError::malformed("protobuf", e);
     let mut v = match (api_version.as_str(), kind.as_str()) {
         ("apps/v1", "Deployment") => deployment(apps::Deployment::decode(&*bytes).map_err(bad)?)?,
+        ("batch/v1", "Job") => {
+            let j = batch::Job::decode(&*bytes).map_err(bad)?;
+            obj(vec![
+                ("metadata", Some(object_meta(j.metadata))),
+                ("spec", j.spec.map(job_spec).transpose()?),
+            ])
+        }
+        ("batch/v1", "CronJob") => cron_job(batch::CronJob::decode(&*bytes).map_err(bad)?)?,
         ("v1", "ConfigMap") => config_map(core::ConfigMap::decode(&*bytes).map_err(bad)?),
         ("v1", "Secret") => secret(core::Secret::decode(&*bytes).map_err(bad)?),
         ("v1", "Namespace") => namespace(core::Namespace::decode(&*bytes).map_err(bad)?),
@@ -434,6 +443,62 @@ fn deployment(d: apps::Deployment) -> Result<Value, ApiError> {
     ]))
 }
 
+/// kubectl create job (also `--from=cronjob/x`) and the Job template of a CronJob.
+fn job_spec(sp: batch::JobSpec) -> Result<Value, ApiError> {
+    if sp.pod_failure_policy.is_some() || sp.success_policy.is_some() {
+        return Err(unsupported("a podFailurePolicy or successPolicy"));
+    }
+    Ok(obj(vec![
+        ("parallelism", n(sp.parallelism)),
+        ("completions", n(sp.completions)),
+        ("activeDeadlineSeconds", n(sp.active_deadline_seconds)),
+        ("backoffLimit", n(sp.backoff_limit)),
+        ("backoffLimitPerIndex", n(sp.backoff_limit_per_index)),
+        ("maxFailedIndexes", n(sp.max_failed_indexes)),
+        ("selector", label_selector(sp.selector)),
+        ("manualSelector", n(sp.manual_selector)),
+        ("template", sp.template.map(pod_template).transpose()?),
+        ("ttlSecondsAfterFinished", n(sp.ttl_seconds_after_finished)),
+        ("completionMode", s(sp.completion_mode)),
+        ("suspend", n(sp.suspend)),
+        ("podReplacementPolicy", s(sp.pod_replacement_policy)),
+        ("managedBy", s(sp.managed_by)),
+    ]))
+}
+
+/// kubectl create cronjob.
+fn cron_job(c: batch::CronJob) -> Result<Value, ApiError> {
+    let spec = match c.spec {
+        None => None,
+        Some(sp) => {
+            let template = match sp.job_template {
+                None => None,
+                Some(t) => Some(obj(vec![
+                    ("metadata", Some(object_meta(t.metadata))),
+                    ("spec", t.spec.map(job_spec).transpose()?),
+                ])),
+            };
+            Some(obj(vec![
+                ("schedule", s(sp.schedule)),
+                ("timeZone", n(sp.time_zone)),
+                ("startingDeadlineSeconds", n(sp.starting_deadline_seconds)),
+                ("concurrencyPolicy", s(sp.concurrency_policy)),
+                ("suspend", n(sp.suspend)),
+                ("jobTemplate", template),
+                (
+                    "successfulJobsHistoryLimit",
+                    n(sp.successful_jobs_history_limit),
+                ),
+                ("failedJobsHistoryLimit", n(sp.failed_jobs_history_limit)),
+            ]))
+        }
+    };
+    Ok(obj(vec![
+        ("metadata", Some(object_meta(c.metadata))),
+        ("spec", spec),
+    ]))
+}
+
 fn pod_template(t: core::PodTemplateSpec) -> Result<Value, ApiError> {
     Ok(obj(vec![
         ("metadata", Some(object_meta(t.metadata))),
@@ -442,7 +507,12 @@ fn pod_template(t: core::PodTemplateSpec) -> Result<Value, ApiError> {
 }
 
 fn pod_spec(p: core::PodSpec) -> Result<Value, ApiError> {
-    if !p.volumes.is_empty() || p.affinity.is_some() || p.security_context.is_some() {
+    // An empty securityContext is what defaulting leaves in stored templates (a Job made
+    // `--from=cronjob/x` carries it back): nothing to convert.
+    let security = p
+        .security_context
+        .filter(|c| *c != core::PodSecurityContext::default());
+    if !p.volumes.is_empty() || p.affinity.is_some() || security.is_some() {
         return Err(unsupported("pod volumes, affinity or securityContext"));
     }
     Ok(obj(vec![
@@ -489,7 +559,9 @@ fn container(c: core::Container) -> Result<Value, ApiError> {
         || c.readiness_probe.is_some()
         || c.startup_probe.is_some()
         || c.lifecycle.is_some()
-        || c.security_context.is_some()
+        || c.security_context
+            .as_ref()
+            .is_some_and(|c| *c != core::SecurityContext::default())
     {
         return Err(unsupported(
             "container volumeMounts, envFrom, valueFrom, probes, lifecycle or securityContext",
@@ -732,6 +804,75 @@ mod tests {
     }
 
     #[test]
+    fn decodes_jobs_and_cron_jobs_as_kubectl_create_sends_them() {
+        let template = core::PodTemplateSpec {
+            metadata: None,
+            spec: Some(core::PodSpec {
+                restart_policy: Some("Never".into()),
+                containers: vec![core::Container {
+                    name: Some("hello".into()),
+                    image: Some("busybox".into()),
+                    command: vec!["echo".into(), "hi".into()],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        };
+        let job = batch::Job {
+            metadata: Some(meta::ObjectMeta {
+                name: Some("hello".into()),
+                annotations: [(
+                    "cronjob.kubernetes.io/instantiate".to_string(),
+                    "manual".to_string(),
+                )]
+                .into(),
+                ..Default::default()
+            }),
+            spec: Some(batch::JobSpec {
+                template: Some(template.clone()),
+                backoff_limit: Some(0),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let v = decode(&envelope("batch/v1", "Job", job.encode_to_vec())).unwrap();
+        assert_eq!(
+            v["spec"]["backoffLimit"], 0,
+            "a pointer field keeps its zero"
+        );
+        assert_eq!(
+            v["spec"]["template"]["spec"]["containers"][0]["command"][1],
+            "hi"
+        );
+        assert_eq!(
+            v["metadata"]["annotations"]["cronjob.kubernetes.io/instantiate"],
+            "manual"
+        );
+        let _: k8s_openapi::api::batch::v1::Job = serde_json::from_value(v).unwrap();
+        let cj = batch::CronJob {
+            metadata: Some(meta::ObjectMeta {
+                name: Some("tick".into()),
+                ..Default::default()
+            }),
+            spec: Some(batch::CronJobSpec {
+                schedule: Some("*/1 * * * *".into()),
+                job_template: Some(batch::JobTemplateSpec {
+                    metadata: None,
+                    spec: Some(batch::JobSpec {
+                        template: Some(template),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let v = decode(&envelope("batch/v1", "CronJob", cj.encode_to_vec())).unwrap();
+        assert_eq!(v["spec"]["schedule"], "*/1 * * * *");
+        let _: k8s_openapi::api::batch::v1::CronJob = serde_json::from_value(v).unwrap();
+    }
+
+    #[test]
     fn secrets_keep_bytes_and_bad_bodies_are_refused() {
         let s = core::Secret {
             metadata: Some(meta::ObjectMeta {
@@ -746,7 +887,7 @@ mod tests {
         assert_eq!(decode(b"nope").unwrap_err().code, 400);
         assert_eq!(decode(b"k8s\0\xff\xff\xff").unwrap_err().code, 400);
         assert_eq!(
-            decode(&envelope("batch/v1", "Job", vec![]))
+            decode(&envelope("example.com/v1", "Widget", vec![]))
                 .unwrap_err()
                 .code,
             415

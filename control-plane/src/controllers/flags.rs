@@ -55,6 +55,12 @@ pub struct ControllerArgs {
     pub concurrent_daemonset_syncs: usize,
     #[arg(long, default_value_t = 10)]
     pub concurrent_namespace_syncs: usize,
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_job_syncs: usize,
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_ttl_after_finished_syncs: usize,
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_cron_job_syncs: usize,
     /// The most endpoints in one EndpointSlice.
     #[arg(long, default_value_t = 100)]
     pub max_endpoints_per_slice: usize,
@@ -82,6 +88,9 @@ impl ControllerArgs {
             concurrent_gc_syncs: self.concurrent_gc_syncs,
             concurrent_daemonset_syncs: self.concurrent_daemonset_syncs,
             concurrent_namespace_syncs: self.concurrent_namespace_syncs,
+            concurrent_job_syncs: self.concurrent_job_syncs,
+            concurrent_ttl_syncs: self.concurrent_ttl_after_finished_syncs,
+            concurrent_cron_job_syncs: self.concurrent_cron_job_syncs,
             max_endpoints_per_slice: self.max_endpoints_per_slice,
             node_monitor_period: self.node_monitor_period,
             node_monitor_grace_period: self.node_monitor_grace_period,

@@ -3,7 +3,8 @@
 //! [`deployment`], [`replicaset`], [`endpointslice`] and [`endpoints`] (with what both ask
 //! of Services in [`serviceendpoints`]), [`garbagecollector`], [`namespace`] (both learn
 //! what is served from [`discovery`]), [`nodelifecycle`] (with [`tainteviction`] and
-//! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`], [`servicelb`]; [`pods`] holds what they ask of pods; [`manager`]
+//! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`], [`servicelb`], [`job`] (with
+//! [`ttlafterfinished`]), [`cronjob`]; [`pods`] holds what they ask of pods; [`manager`]
 //! runs the enabled ones under leader election with health and metrics; [`flags`] are the
 //! controller-manager's command-line flags.
 //!
@@ -11,6 +12,7 @@
 //! informers, waits for the caches to sync, and reconciles until cancelled.
 
 pub mod clusterroleaggregation;
+pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod discovery;
@@ -19,6 +21,7 @@ pub mod endpoints;
 pub mod endpointslice;
 pub mod flags;
 pub mod garbagecollector;
+pub mod job;
 pub mod manager;
 pub mod namespace;
 pub mod nodeipam;
@@ -29,6 +32,7 @@ pub mod replicaset;
 pub mod serviceendpoints;
 pub mod servicelb;
 pub mod tainteviction;
+pub mod ttlafterfinished;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -60,10 +64,13 @@ pub enum ControllerName {
     DaemonSet,
     ClusterRoleAggregation,
     ServiceLb,
+    Job,
+    TtlAfterFinished,
+    CronJob,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 13] = [
+    pub const ALL: [ControllerName; 16] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -77,6 +84,9 @@ impl ControllerName {
         ControllerName::DaemonSet,
         ControllerName::ClusterRoleAggregation,
         ControllerName::ServiceLb,
+        ControllerName::Job,
+        ControllerName::TtlAfterFinished,
+        ControllerName::CronJob,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -94,6 +104,9 @@ impl ControllerName {
             ControllerName::DaemonSet => "daemonset",
             ControllerName::ClusterRoleAggregation => "clusterrole-aggregation",
             ControllerName::ServiceLb => "servicelb",
+            ControllerName::Job => "job",
+            ControllerName::TtlAfterFinished => "ttl-after-finished",
+            ControllerName::CronJob => "cronjob",
         }
     }
 
@@ -113,6 +126,9 @@ impl ControllerName {
             ControllerName::DaemonSet => "daemonset-controller",
             ControllerName::ClusterRoleAggregation => "clusterrole-aggregation-controller",
             ControllerName::ServiceLb => "service-lb-controller",
+            ControllerName::Job => "job-controller",
+            ControllerName::TtlAfterFinished => "ttl-after-finished-controller",
+            ControllerName::CronJob => "cronjob-controller",
         }
     }
 }
@@ -206,6 +222,9 @@ pub struct Settings {
     pub concurrent_gc_syncs: usize,
     pub concurrent_daemonset_syncs: usize,
     pub concurrent_namespace_syncs: usize,
+    pub concurrent_job_syncs: usize,
+    pub concurrent_ttl_syncs: usize,
+    pub concurrent_cron_job_syncs: usize,
     /// The most endpoints in one EndpointSlice.
     pub max_endpoints_per_slice: usize,
     /// How often node health is checked.
@@ -235,6 +254,9 @@ impl Default for Settings {
             concurrent_gc_syncs: 20,
             concurrent_daemonset_syncs: 2,
             concurrent_namespace_syncs: 10,
+            concurrent_job_syncs: 5,
+            concurrent_ttl_syncs: 5,
+            concurrent_cron_job_syncs: 5,
             max_endpoints_per_slice: 100,
             node_monitor_period: Duration::from_secs(5),
             node_monitor_grace_period: Duration::from_secs(40),
@@ -330,6 +352,15 @@ pub async fn run(
     }
     if on(ControllerName::ClusterRoleAggregation) {
         tasks.push(Box::pin(clusterroleaggregation::build(&ctx).run(t())));
+    }
+    if on(ControllerName::Job) {
+        tasks.push(Box::pin(job::build(&ctx).run(t())));
+    }
+    if on(ControllerName::CronJob) {
+        tasks.push(Box::pin(cronjob::build(&ctx).run(t())));
+    }
+    if on(ControllerName::TtlAfterFinished) {
+        tasks.push(Box::pin(ttlafterfinished::build(&ctx).run(t())));
     }
     if on(ControllerName::Namespace) {
         tasks.push(Box::pin(namespace::build(&ctx).run(t())));

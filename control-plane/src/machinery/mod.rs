@@ -5,9 +5,11 @@
 // (code, reason, message, details, causes) costs nothing where it matters.
 #![allow(clippy::result_large_err)]
 
+pub mod cron;
 pub mod duration;
 pub mod fieldmanager;
 pub mod group_kind;
+pub mod index_set;
 pub mod kinds;
 pub mod patch;
 pub mod quantity;

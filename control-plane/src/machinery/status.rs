@@ -113,6 +113,10 @@ impl FieldError {
     pub fn required(field: impl Into<String>) -> Self {
         FieldError::new(CauseType::Required, field, "Required value")
     }
+    /// `Required value: why` (Kubernetes' field.Required with a detail).
+    pub fn required_because(field: impl Into<String>, why: &str) -> Self {
+        FieldError::new(CauseType::Required, field, format!("Required value: {why}"))
+    }
     pub fn invalid(field: impl Into<String>, value: impl std::fmt::Display, why: &str) -> Self {
         let field = field.into();
         FieldError::new(

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use k8s_openapi::api::{apps, autoscaling, coordination, core, discovery, events, rbac};
+use k8s_openapi::api::{apps, autoscaling, batch, coordination, core, discovery, events, rbac};
 
 /// Paths of unknown fields as Kubernetes' strict decoder names them
 /// (`spec.template.spec.containers[0].imagee`), in document order. Empty when the kind is
@@ -82,6 +82,8 @@ fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Result<Value, (Strin
         ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
             typed::<rbac::v1::ClusterRoleBinding>(v)
         }
+        ("batch", "Job") => typed::<batch::v1::Job>(v),
+        ("batch", "CronJob") => typed::<batch::v1::CronJob>(v),
         _ => return None,
     })
 }

@@ -20,6 +20,8 @@ pub struct TableColumnDefinition {
 pub enum ColumnType {
     String,
     Integer,
+    Number,
+    Boolean,
     Date,
 }
 
@@ -28,6 +30,8 @@ impl ColumnType {
         match self {
             ColumnType::String => "string",
             ColumnType::Integer => "integer",
+            ColumnType::Number => "number",
+            ColumnType::Boolean => "boolean",
             ColumnType::Date => "date",
         }
     }

@@ -34,6 +34,12 @@ use tokio_util::sync::CancellationToken;
 /// A pod annotation that keeps the stand-in node agent from reporting the pod Ready.
 pub const NEVER_READY: &str = "skiff.test/never-ready";
 
+/// A pod annotation: once Running, the stand-in node agent reports its containers exited
+/// with this code, as a kubelet would: under restartPolicy Never (and OnFailure with 0) the
+/// pod ends Succeeded or Failed; under OnFailure with another code the containers restart,
+/// the restart count growing every 200 ms.
+pub const EXIT_CODE: &str = "skiff.test/exit-code";
+
 pub struct Cluster {
     server: Option<RunningServer>,
     pub client: Client,
@@ -445,6 +451,13 @@ async fn run_pods(
             .and_then(|s| s.pod_ip.as_ref())
             .is_some();
         if started {
+            if let Some(code) = pod
+                .annotations()
+                .get(EXIT_CODE)
+                .and_then(|c| c.parse().ok())
+            {
+                exit(&api, &pod, code).await;
+            }
             continue;
         }
         let counter = next_ip.entry(node.clone()).or_insert(1);
@@ -482,6 +495,64 @@ async fn run_pods(
             .replace_status(&pod.name_any(), &PostParams::default(), &p)
             .await;
     }
+}
+
+/// Reports a running pod's containers exited with `code` (see [`EXIT_CODE`]).
+async fn exit(api: &Api<Pod>, pod: &Pod, code: i32) {
+    let status = pod.status.clone().unwrap_or_default();
+    if status.phase.as_deref() != Some("Running") {
+        return;
+    }
+    let restart = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_default();
+    let restarts = status
+        .container_statuses
+        .as_ref()
+        .and_then(|c| c.first())
+        .map_or(0, |c| c.restart_count);
+    let now = Time(Timestamp::now());
+    let terminated = json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+        "startedAt": now, "finishedAt": now}});
+    let names: Vec<String> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default();
+    let patch = if code != 0 && restart == "OnFailure" {
+        // The kubelet restarts the container: the pod stays Running, its count grows.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let statuses: Vec<_> = names
+            .iter()
+            .map(|n| {
+                json!({"name": n, "image": "i", "imageID": "", "ready": false,
+            "restartCount": restarts + 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": terminated})
+            })
+            .collect();
+        json!({"status": {"containerStatuses": statuses}})
+    } else {
+        let statuses: Vec<_> = names
+            .iter()
+            .map(|n| {
+                json!({"name": n, "image": "i", "imageID": "", "ready": false,
+            "restartCount": restarts, "state": terminated})
+            })
+            .collect();
+        let phase = if code == 0 { "Succeeded" } else { "Failed" };
+        json!({"status": {"phase": phase, "containerStatuses": statuses, "conditions": [
+            {"type": "Ready", "status": "False", "lastTransitionTime": now, "reason": "PodCompleted"},
+            {"type": "ContainersReady", "status": "False", "lastTransitionTime": now, "reason": "PodCompleted"}]}})
+    };
+    let _ = api
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await;
 }
 
 /// Names of the controllers, for settings that leave some out.

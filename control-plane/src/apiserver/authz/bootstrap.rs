@@ -147,6 +147,27 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             )],
         ),
         (
+            "cronjob-controller",
+            vec![
+                r(
+                    &["get", "list", "update", "watch"],
+                    &["batch"],
+                    &["cronjobs"],
+                ),
+                r(
+                    &[
+                        "create", "delete", "get", "list", "patch", "update", "watch",
+                    ],
+                    &["batch"],
+                    &["jobs"],
+                ),
+                r(&["update"], &["batch"], &["cronjobs/status"]),
+                r(&["update"], &["batch"], &["cronjobs/finalizers"]),
+                r(&["delete", "list"], &[""], &["pods"]),
+                events_rule(),
+            ],
+        ),
+        (
             "daemon-set-controller",
             vec![
                 r(READ, &["apps", "extensions"], &["daemonsets"]),
@@ -240,6 +261,20 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "job-controller",
+            vec![
+                r(&["get", "list", "update", "watch"], &["batch"], &["jobs"]),
+                r(&["update"], &["batch"], &["jobs/status"]),
+                r(&["update"], &["batch"], &["jobs/finalizers"]),
+                r(
+                    &["create", "delete", "list", "patch", "watch"],
+                    &[""],
+                    &["pods"],
+                ),
+                events_rule(),
+            ],
+        ),
+        (
             "namespace-controller",
             vec![
                 r(&["delete", "get", "list", "watch"], &[""], &["namespaces"]),
@@ -311,6 +346,13 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
                     &[""],
                     &["pods"],
                 ),
+                events_rule(),
+            ],
+        ),
+        (
+            "ttl-after-finished-controller",
+            vec![
+                r(&["delete", "get", "list", "watch"], &["batch"], &["jobs"]),
                 events_rule(),
             ],
         ),

@@ -8,7 +8,7 @@
 //! ReplicaFailure condition). Pod events reach their ReplicaSet through the controller
 //! reference (or, for orphans, through the selectors of the ReplicaSets in the namespace).
 
-mod ranking;
+pub mod ranking;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,6 +7,7 @@
 
 mod apps;
 mod autoscaling;
+pub mod batch;
 mod common;
 mod coordination;
 mod core;
@@ -206,6 +207,20 @@ static CLUSTER_ROLE_BINDING: KindRules = KindRules {
     row: rbac::cluster_role_binding_row,
     field: common::meta_field,
 };
+static JOB: KindRules = KindRules {
+    default: batch::default_job,
+    validate: batch::validate_job,
+    columns: batch::job_columns,
+    row: batch::job_row,
+    field: batch::job_field,
+};
+static CRON_JOB: KindRules = KindRules {
+    default: batch::default_cron_job,
+    validate: batch::validate_cron_job,
+    columns: batch::cron_job_columns,
+    row: batch::cron_job_row,
+    field: common::meta_field,
+};
 static SCALE: KindRules = KindRules {
     default: no_defaults,
     validate: autoscaling::validate,
@@ -238,6 +253,8 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         (rbac::GROUP, "ClusterRole") => &CLUSTER_ROLE,
         (rbac::GROUP, "RoleBinding") => &ROLE_BINDING,
         (rbac::GROUP, "ClusterRoleBinding") => &CLUSTER_ROLE_BINDING,
+        ("batch", "Job") => &JOB,
+        ("batch", "CronJob") => &CRON_JOB,
         _ => return None,
     })
 }
@@ -316,6 +333,17 @@ mod tests {
                     json!({"apiGroup": rbac::GROUP, "kind": "ClusterRole", "name": "view"});
                 v["subjects"] = json!([{"kind": "User", "name": "jane"}]);
             }
+            ("batch", "Job") => {
+                // The server assigns the uid before defaulting, which derives the selector.
+                v["metadata"]["uid"] = json!("6b7b2d1c-0000-4000-8000-000000000001");
+                v["spec"] = json!({"template": {"spec": {"restartPolicy": "Never",
+                    "containers": [{"name": "pi", "image": "perl"}]}}});
+            }
+            ("batch", "CronJob") => {
+                v["spec"] = json!({"schedule": "*/1 * * * *", "jobTemplate": {"spec": {
+                    "template": {"spec": {"restartPolicy": "OnFailure",
+                        "containers": [{"name": "tick", "image": "busybox"}]}}}}});
+            }
             _ => {}
         }
         v
@@ -343,6 +371,8 @@ mod tests {
         (rbac::GROUP, "ClusterRole"),
         (rbac::GROUP, "RoleBinding"),
         (rbac::GROUP, "ClusterRoleBinding"),
+        ("batch", "Job"),
+        ("batch", "CronJob"),
     ];
 
     #[test]

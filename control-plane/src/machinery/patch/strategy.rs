@@ -173,7 +173,7 @@ static CONDITIONS: Schema = Schema {
     fields: &[("conditions", by_type())],
 };
 
-/// Deployments, ReplicaSets and DaemonSets: a pod template and status conditions.
+/// Deployments, ReplicaSets, DaemonSets and Jobs: a pod template and status conditions.
 static WORKLOAD: Schema = Schema {
     fields: &[
         ("metadata", Object(&OBJECT_META)),
@@ -184,6 +184,32 @@ static WORKLOAD: Schema = Schema {
             }),
         ),
         ("status", Object(&CONDITIONS)),
+    ],
+};
+
+/// CronJobs: a Job template holding a pod template.
+static CRON_JOB: Schema = Schema {
+    fields: &[
+        ("metadata", Object(&OBJECT_META)),
+        (
+            "spec",
+            Object(&Schema {
+                fields: &[(
+                    "jobTemplate",
+                    Object(&Schema {
+                        fields: &[
+                            ("metadata", Object(&OBJECT_META)),
+                            (
+                                "spec",
+                                Object(&Schema {
+                                    fields: &[("template", Object(&POD_TEMPLATE))],
+                                }),
+                            ),
+                        ],
+                    }),
+                )],
+            }),
+        ),
     ],
 };
 
@@ -248,7 +274,8 @@ static METADATA_ONLY: Schema = Schema {
 pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
     Some(match (kind.group.as_str(), kind.kind.as_str()) {
         ("", "Pod") => &POD,
-        ("apps", "Deployment" | "ReplicaSet" | "DaemonSet") => &WORKLOAD,
+        ("apps", "Deployment" | "ReplicaSet" | "DaemonSet") | ("batch", "Job") => &WORKLOAD,
+        ("batch", "CronJob") => &CRON_JOB,
         ("", "Service") => &SERVICE,
         ("", "Node") => &NODE,
         ("", "Namespace") => &NAMESPACE,
