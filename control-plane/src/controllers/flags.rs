@@ -61,6 +61,8 @@ pub struct ControllerArgs {
     pub concurrent_ttl_after_finished_syncs: usize,
     #[arg(long, default_value_t = 5)]
     pub concurrent_cron_job_syncs: usize,
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_statefulset_syncs: usize,
     /// The most endpoints in one EndpointSlice.
     #[arg(long, default_value_t = 100)]
     pub max_endpoints_per_slice: usize,
@@ -91,6 +93,7 @@ impl ControllerArgs {
             concurrent_job_syncs: self.concurrent_job_syncs,
             concurrent_ttl_syncs: self.concurrent_ttl_after_finished_syncs,
             concurrent_cron_job_syncs: self.concurrent_cron_job_syncs,
+            concurrent_statefulset_syncs: self.concurrent_statefulset_syncs,
             max_endpoints_per_slice: self.max_endpoints_per_slice,
             node_monitor_period: self.node_monitor_period,
             node_monitor_grace_period: self.node_monitor_grace_period,

@@ -4,7 +4,8 @@
 //! of Services in [`serviceendpoints`]), [`garbagecollector`], [`namespace`] (both learn
 //! what is served from [`discovery`]), [`nodelifecycle`] (with [`tainteviction`] and
 //! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`], [`servicelb`], [`job`] (with
-//! [`ttlafterfinished`]), [`cronjob`]; [`pods`] holds what they ask of pods; [`manager`]
+//! [`ttlafterfinished`]), [`cronjob`], [`statefulset`] (with [`history`], the
+//! ControllerRevisions it shares with DaemonSets); [`pods`] holds what they ask of pods; [`manager`]
 //! runs the enabled ones under leader election with health and metrics; [`flags`] are the
 //! controller-manager's command-line flags.
 //!
@@ -21,6 +22,7 @@ pub mod endpoints;
 pub mod endpointslice;
 pub mod flags;
 pub mod garbagecollector;
+pub mod history;
 pub mod job;
 pub mod manager;
 pub mod namespace;
@@ -31,6 +33,7 @@ pub mod pods;
 pub mod replicaset;
 pub mod serviceendpoints;
 pub mod servicelb;
+pub mod statefulset;
 pub mod tainteviction;
 pub mod ttlafterfinished;
 
@@ -67,10 +70,11 @@ pub enum ControllerName {
     Job,
     TtlAfterFinished,
     CronJob,
+    StatefulSet,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 16] = [
+    pub const ALL: [ControllerName; 17] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -87,6 +91,7 @@ impl ControllerName {
         ControllerName::Job,
         ControllerName::TtlAfterFinished,
         ControllerName::CronJob,
+        ControllerName::StatefulSet,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -107,6 +112,7 @@ impl ControllerName {
             ControllerName::Job => "job",
             ControllerName::TtlAfterFinished => "ttl-after-finished",
             ControllerName::CronJob => "cronjob",
+            ControllerName::StatefulSet => "statefulset",
         }
     }
 
@@ -129,6 +135,7 @@ impl ControllerName {
             ControllerName::Job => "job-controller",
             ControllerName::TtlAfterFinished => "ttl-after-finished-controller",
             ControllerName::CronJob => "cronjob-controller",
+            ControllerName::StatefulSet => "statefulset-controller",
         }
     }
 }
@@ -225,6 +232,7 @@ pub struct Settings {
     pub concurrent_job_syncs: usize,
     pub concurrent_ttl_syncs: usize,
     pub concurrent_cron_job_syncs: usize,
+    pub concurrent_statefulset_syncs: usize,
     /// The most endpoints in one EndpointSlice.
     pub max_endpoints_per_slice: usize,
     /// How often node health is checked.
@@ -257,6 +265,7 @@ impl Default for Settings {
             concurrent_job_syncs: 5,
             concurrent_ttl_syncs: 5,
             concurrent_cron_job_syncs: 5,
+            concurrent_statefulset_syncs: 5,
             max_endpoints_per_slice: 100,
             node_monitor_period: Duration::from_secs(5),
             node_monitor_grace_period: Duration::from_secs(40),
@@ -358,6 +367,9 @@ pub async fn run(
     }
     if on(ControllerName::CronJob) {
         tasks.push(Box::pin(cronjob::build(&ctx).run(t())));
+    }
+    if on(ControllerName::StatefulSet) {
+        tasks.push(Box::pin(statefulset::build(&ctx).run(t())));
     }
     if on(ControllerName::TtlAfterFinished) {
         tasks.push(Box::pin(ttlafterfinished::build(&ctx).run(t())));

@@ -84,6 +84,9 @@ fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Result<Value, (Strin
         }
         ("batch", "Job") => typed::<batch::v1::Job>(v),
         ("batch", "CronJob") => typed::<batch::v1::CronJob>(v),
+        ("apps", "StatefulSet") => typed::<apps::v1::StatefulSet>(v),
+        ("apps", "ControllerRevision") => typed::<apps::v1::ControllerRevision>(v),
+        ("", "PersistentVolumeClaim") => typed::<core::v1::PersistentVolumeClaim>(v),
         _ => return None,
     })
 }

@@ -350,6 +350,30 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "statefulset-controller",
+            vec![
+                r(&["list", "watch"], &[""], &["pods"]),
+                r(READ, &["apps"], &["statefulsets"]),
+                r(&["update"], &["apps"], &["statefulsets/status"]),
+                r(&["update"], &["apps"], &["statefulsets/finalizers"]),
+                r(
+                    &["create", "delete", "get", "patch", "update"],
+                    &[""],
+                    &["pods"],
+                ),
+                r(
+                    &[
+                        "create", "delete", "get", "list", "patch", "update", "watch",
+                    ],
+                    &["apps"],
+                    &["controllerrevisions"],
+                ),
+                r(&["create", "get"], &[""], &["persistentvolumeclaims"]),
+                r(&["update", "patch"], &[""], &["persistentvolumeclaims"]),
+                events_rule(),
+            ],
+        ),
+        (
             "ttl-after-finished-controller",
             vec![
                 r(&["delete", "get", "list", "watch"], &["batch"], &["jobs"]),

@@ -118,7 +118,7 @@ fn go_selector(s: &metav1::LabelSelector) -> String {
 
 /// The selector of a workload: required, valid, non-empty, matching the template's labels,
 /// and unchanged on update.
-fn validate_selector(
+pub(super) fn validate_selector(
     selector: Option<&metav1::LabelSelector>,
     old: Option<Option<&metav1::LabelSelector>>,
     template: Option<&PodTemplateSpec>,
@@ -168,7 +168,7 @@ fn validate_selector(
     errs
 }
 
-fn non_negative(errs: &mut Vec<FieldError>, path: FieldPath, value: Option<i32>) {
+pub(super) fn non_negative(errs: &mut Vec<FieldError>, path: FieldPath, value: Option<i32>) {
     if let Some(v) = value.filter(|v| *v < 0) {
         errs.push(FieldError::invalid_number(
             path,
@@ -180,7 +180,11 @@ fn non_negative(errs: &mut Vec<FieldError>, path: FieldPath, value: Option<i32>)
 
 /// An int >= 0 or a percentage string (`25%`); `max_100` caps percentages at 100%.
 /// Returns the errors and whether the value is zero.
-fn int_or_percent(value: &IntOrString, path: &FieldPath, max_100: bool) -> (Vec<FieldError>, bool) {
+pub(super) fn int_or_percent(
+    value: &IntOrString,
+    path: &FieldPath,
+    max_100: bool,
+) -> (Vec<FieldError>, bool) {
     match value {
         IntOrString::Int(n) if *n < 0 => (
             vec![FieldError::invalid_number(
@@ -212,7 +216,7 @@ fn int_or_percent(value: &IntOrString, path: &FieldPath, max_100: bool) -> (Vec<
 
 const DEPLOYMENT_STRATEGIES: &[&str] = &["Recreate", "RollingUpdate"];
 const DAEMON_SET_STRATEGIES: &[&str] = &["OnDelete", "RollingUpdate"];
-const ALWAYS: &[&str] = &["Always"];
+pub(super) const ALWAYS: &[&str] = &["Always"];
 
 pub fn validate_deployment(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
     validate_typed(new, old, |new: &Deployment, old: Option<&Deployment>| {
@@ -379,13 +383,13 @@ pub fn validate_daemon_set(new: &Value, old: Option<&Value>) -> Vec<FieldError> 
 
 /// A workload's `spec.selector`: required in the API, but k8s-openapi decodes an absent one
 /// as empty; no matchLabels and no matchExpressions at all counts as absent.
-fn present_selector(s: &metav1::LabelSelector) -> Option<&metav1::LabelSelector> {
+pub(super) fn present_selector(s: &metav1::LabelSelector) -> Option<&metav1::LabelSelector> {
     (s.match_labels.is_some() || s.match_expressions.is_some()).then_some(s)
 }
 
 // ---------------------------------------------------------------- tables
 
-fn containers_and_images(t: Option<&PodTemplateSpec>) -> (Value, Value) {
+pub(super) fn containers_and_images(t: Option<&PodTemplateSpec>) -> (Value, Value) {
     let containers = t
         .and_then(|t| t.spec.as_ref())
         .map(|s| s.containers.as_slice())

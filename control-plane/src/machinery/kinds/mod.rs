@@ -17,6 +17,7 @@ mod node;
 mod pod;
 pub mod rbac;
 mod service;
+mod statefulset;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
@@ -221,6 +222,27 @@ static CRON_JOB: KindRules = KindRules {
     row: batch::cron_job_row,
     field: common::meta_field,
 };
+static STATEFUL_SET: KindRules = KindRules {
+    default: statefulset::default_stateful_set,
+    validate: statefulset::validate_stateful_set,
+    columns: statefulset::stateful_set_columns,
+    row: statefulset::stateful_set_row,
+    field: common::meta_field,
+};
+static CONTROLLER_REVISION: KindRules = KindRules {
+    default: no_defaults,
+    validate: statefulset::validate_controller_revision,
+    columns: statefulset::controller_revision_columns,
+    row: statefulset::controller_revision_row,
+    field: common::meta_field,
+};
+static PERSISTENT_VOLUME_CLAIM: KindRules = KindRules {
+    default: statefulset::default_claim,
+    validate: statefulset::validate_claim,
+    columns: statefulset::claim_columns,
+    row: statefulset::claim_row,
+    field: statefulset::claim_field,
+};
 static SCALE: KindRules = KindRules {
     default: no_defaults,
     validate: autoscaling::validate,
@@ -255,6 +277,9 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         (rbac::GROUP, "ClusterRoleBinding") => &CLUSTER_ROLE_BINDING,
         ("batch", "Job") => &JOB,
         ("batch", "CronJob") => &CRON_JOB,
+        ("apps", "StatefulSet") => &STATEFUL_SET,
+        ("apps", "ControllerRevision") => &CONTROLLER_REVISION,
+        ("", "PersistentVolumeClaim") => &PERSISTENT_VOLUME_CLAIM,
         _ => return None,
     })
 }
@@ -333,6 +358,18 @@ mod tests {
                     json!({"apiGroup": rbac::GROUP, "kind": "ClusterRole", "name": "view"});
                 v["subjects"] = json!([{"kind": "User", "name": "jane"}]);
             }
+            ("apps", "StatefulSet") => {
+                v["spec"] = json!({"serviceName": "web", "selector": {"matchLabels": {"app": "web"}},
+                    "template": template})
+            }
+            ("apps", "ControllerRevision") => {
+                v["revision"] = json!(1);
+                v["data"] = json!({"spec": {"template": template}});
+            }
+            ("", "PersistentVolumeClaim") => {
+                v["spec"] = json!({"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}})
+            }
             ("batch", "Job") => {
                 // The server assigns the uid before defaulting, which derives the selector.
                 v["metadata"]["uid"] = json!("6b7b2d1c-0000-4000-8000-000000000001");
@@ -373,6 +410,9 @@ mod tests {
         (rbac::GROUP, "ClusterRoleBinding"),
         ("batch", "Job"),
         ("batch", "CronJob"),
+        ("apps", "StatefulSet"),
+        ("apps", "ControllerRevision"),
+        ("", "PersistentVolumeClaim"),
     ];
 
     #[test]
@@ -403,7 +443,7 @@ mod tests {
             (r.default)(&mut again);
             assert_eq!(again, v, "{group}/{kind}");
         }
-        assert!(rules("apps", "StatefulSet").is_none());
+        assert!(rules("apps", "NoSuchKind").is_none());
     }
 
     #[test]

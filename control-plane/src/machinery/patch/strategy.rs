@@ -173,7 +173,7 @@ static CONDITIONS: Schema = Schema {
     fields: &[("conditions", by_type())],
 };
 
-/// Deployments, ReplicaSets, DaemonSets and Jobs: a pod template and status conditions.
+/// Deployments, ReplicaSets, DaemonSets, StatefulSets and Jobs: a pod template and status conditions.
 static WORKLOAD: Schema = Schema {
     fields: &[
         ("metadata", Object(&OBJECT_META)),
@@ -274,16 +274,20 @@ static METADATA_ONLY: Schema = Schema {
 pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
     Some(match (kind.group.as_str(), kind.kind.as_str()) {
         ("", "Pod") => &POD,
-        ("apps", "Deployment" | "ReplicaSet" | "DaemonSet") | ("batch", "Job") => &WORKLOAD,
+        ("apps", "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet") | ("batch", "Job") => {
+            &WORKLOAD
+        }
         ("batch", "CronJob") => &CRON_JOB,
         ("", "Service") => &SERVICE,
         ("", "Node") => &NODE,
-        ("", "Namespace") => &NAMESPACE,
+        // Metadata and status conditions, as a Namespace.
+        ("", "Namespace" | "PersistentVolumeClaim") => &NAMESPACE,
         ("", "ServiceAccount") => &SERVICE_ACCOUNT,
         ("", "Endpoints" | "Event" | "ConfigMap" | "Secret" | "Binding")
         | ("discovery.k8s.io", "EndpointSlice")
         | ("coordination.k8s.io", "Lease")
         | ("events.k8s.io", "Event")
+        | ("apps", "ControllerRevision")
         | ("autoscaling", "Scale")
         // Rules, subjects and aggregation selectors are atomic lists in k8s.io/api.
         | (
