@@ -10,7 +10,6 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 /// What one health check port reports.
@@ -86,7 +85,7 @@ impl HealthChecks {
             let (c, shared) = (c.clone(), shared.clone());
             async move {
                 let c = c.read().unwrap_or_else(|p| p.into_inner()).clone();
-                let healthy = shared.ready.load(Ordering::Relaxed);
+                let healthy = shared.healthy();
                 let status = if c.local_endpoints > 0 && healthy {
                     StatusCode::OK
                 } else {

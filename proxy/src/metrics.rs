@@ -166,6 +166,10 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Set once the first full sync is done.
     pub ready: AtomicBool,
+    /// Set once the node's interfaces were first read: node addresses in the maps, the
+    /// north-south programs attached, announced addresses held. Until then NodePorts and
+    /// LoadBalancer addresses do not answer, so the proxy is not healthy yet.
+    pub network_read: AtomicBool,
     pub kernel: Option<KernelCounters>,
 }
 
@@ -174,8 +178,14 @@ impl Shared {
         Shared {
             metrics: Metrics::default(),
             ready: AtomicBool::new(false),
+            network_read: AtomicBool::new(false),
             kernel,
         }
+    }
+
+    /// Both the services and the node's network are programmed.
+    pub fn healthy(&self) -> bool {
+        self.ready.load(Ordering::Relaxed) && self.network_read.load(Ordering::Relaxed)
     }
 }
 
@@ -255,7 +265,7 @@ pub async fn serve(addr: SocketAddr, shared: Arc<Shared>) -> std::io::Result<Soc
             get(move || {
                 let s = shared.clone();
                 async move {
-                    if s.ready.load(Ordering::Relaxed) {
+                    if s.healthy() {
                         (StatusCode::OK, "ok\n")
                     } else {
                         (

@@ -72,6 +72,10 @@ pub fn start(
     };
     let join = tokio::spawn(async move {
         task.refresh().await;
+        // Failures were logged and counted; later changes of the interfaces retry.
+        task.shared
+            .network_read
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let mut gc = tokio::time::interval(CT_GC_EVERY);
         loop {
             tokio::select! {
