@@ -160,6 +160,9 @@ enum Command {
         /// Print failed attempts only.
         #[arg(long)]
         failures_only: bool,
+        /// Seconds a connect or a read may take before the attempt fails.
+        #[arg(long, default_value_t = proxy::probe::TIMEOUT.as_secs_f64())]
+        timeout: f64,
     },
 }
 
@@ -261,7 +264,12 @@ fn main() -> Result<()> {
             count,
             until_stdin_closes,
             failures_only,
+            timeout,
         } => {
+            let timeout = std::time::Duration::try_from_secs_f64(timeout)
+                .ok()
+                .filter(|t| !t.is_zero())
+                .context("--timeout: a positive number of seconds")?;
             let proto = match protocol {
                 ProbeProto::Http => proxy::probe::Protocol::Http,
                 ProbeProto::Udp => proxy::probe::Protocol::Udp,
@@ -276,16 +284,17 @@ fn main() -> Result<()> {
                     )?)
                 }
             };
-            let (ok, failed) = proxy::probe::run(
+            let tally = proxy::probe::run(
                 proto,
                 address,
                 count,
+                timeout,
                 until_stdin_closes,
                 failures_only,
                 &mut std::io::stdout().lock(),
             )?;
-            eprintln!("{ok} ok, {failed} failed");
-            if failed > 0 {
+            eprintln!("{tally}");
+            if tally.failed > 0 {
                 std::process::exit(1);
             }
         }

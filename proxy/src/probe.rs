@@ -8,13 +8,16 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
-const TIMEOUT: Duration = Duration::from_secs(2);
+/// The default time a connect or a read may take before the attempt counts as failed.
+pub const TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Serialize)]
 pub struct Attempt {
     pub ok: bool,
     /// Milliseconds since the probe started.
     pub at_ms: u64,
+    /// Milliseconds the attempt took, connect to reply (or to the error).
+    pub took_ms: u64,
     /// The body of the HTTP reply, or the UDP reply.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reply: Option<String>,
@@ -28,10 +31,22 @@ pub struct Attempt {
 
 impl Attempt {
     fn from_result(r: io::Result<(String, SocketAddr)>, at_ms: u64) -> Self {
+        Self::timed(r, None, at_ms, 0)
+    }
+
+    /// An attempt that started `at_ms` after the probe and took `took_ms`; `connected` is the
+    /// peer a failed attempt had connected to (a read that timed out names its backend).
+    fn timed(
+        r: io::Result<(String, SocketAddr)>,
+        connected: Option<SocketAddr>,
+        at_ms: u64,
+        took_ms: u64,
+    ) -> Self {
         match r {
             Ok((reply, peer)) => Attempt {
                 ok: true,
                 at_ms,
+                took_ms,
                 reply: Some(reply),
                 peer: Some(peer.to_string()),
                 error: None,
@@ -40,8 +55,9 @@ impl Attempt {
             Err(e) => Attempt {
                 ok: false,
                 at_ms,
+                took_ms,
                 reply: None,
-                peer: None,
+                peer: connected.map(|p| p.to_string()),
                 errno: e.raw_os_error(),
                 error: Some(e.to_string()),
             },
@@ -50,11 +66,17 @@ impl Attempt {
 }
 
 /// One HTTP/1.0 GET over a fresh TCP connection: the body, read by its Content-Length
-/// (the client closes first, as browsers and curl do).
-pub fn http_once(addr: SocketAddr) -> io::Result<(String, SocketAddr)> {
-    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+/// (the client closes first, as browsers and curl do). `connected` is set to the peer once
+/// the connection is up, so a later failure can name it.
+pub fn http_once(
+    addr: SocketAddr,
+    timeout: Duration,
+    connected: &mut Option<SocketAddr>,
+) -> io::Result<(String, SocketAddr)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     let peer = s.peer_addr()?;
-    s.set_read_timeout(Some(TIMEOUT))?;
+    *connected = Some(peer);
+    s.set_read_timeout(Some(timeout))?;
     s.write_all(b"GET / HTTP/1.0\r\nHost: probe\r\n\r\n")?;
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
@@ -90,14 +112,18 @@ fn complete_body(data: &[u8]) -> Option<String> {
 }
 
 /// One datagram from an unconnected socket, and its reply.
-pub fn udp_once(addr: SocketAddr, payload: &[u8]) -> io::Result<(String, SocketAddr)> {
+pub fn udp_once(
+    addr: SocketAddr,
+    payload: &[u8],
+    timeout: Duration,
+) -> io::Result<(String, SocketAddr)> {
     let bind: SocketAddr = if addr.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {
         "[::]:0".parse().expect("literal")
     };
     let s = UdpSocket::bind(bind)?;
-    s.set_read_timeout(Some(TIMEOUT))?;
+    s.set_read_timeout(Some(timeout))?;
     s.send_to(payload, addr)?;
     let mut buf = [0u8; 2048];
     let (n, from) = s.recv_from(&mut buf)?;
@@ -105,8 +131,8 @@ pub fn udp_once(addr: SocketAddr, payload: &[u8]) -> io::Result<(String, SocketA
 }
 
 /// A bare TCP connect, closed with a reset (no TIME_WAIT): for connection churn.
-pub fn connect_once(addr: SocketAddr) -> io::Result<(String, SocketAddr)> {
-    let s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+pub fn connect_once(addr: SocketAddr, timeout: Duration) -> io::Result<(String, SocketAddr)> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
     let peer = s.peer_addr()?;
     let linger = libc::linger {
         l_onoff: 1,
@@ -235,21 +261,43 @@ fn stdin_closed() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
 /// Runs `count` attempts (or, with `until_stdin_closes`, attempts until standard input
 /// reaches EOF), printing each as JSON (only failures when `failures_only`, or in the
 /// loop); returns (ok, failed).
+/// What [`run`] counted.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub ok: u64,
+    pub failed: u64,
+    /// The longest attempt that succeeded, in milliseconds.
+    pub slowest_ok_ms: u64,
+    /// Attempts that succeeded but took a second or more.
+    pub slow: u64,
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ok, {} failed, {} took 1 s or more, slowest {} ms",
+            self.ok, self.failed, self.slow, self.slowest_ok_ms
+        )
+    }
+}
+
 pub fn run(
     proto: Protocol,
     addr: SocketAddr,
     count: u64,
+    timeout: Duration,
     until_stdin_closes: bool,
     failures_only: bool,
     out: &mut impl Write,
-) -> io::Result<(u64, u64)> {
+) -> io::Result<Tally> {
     let stop = if until_stdin_closes {
         stdin_closed()
     } else {
         std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))
     };
     let started = std::time::Instant::now();
-    let (mut ok, mut failed) = (0, 0);
+    let mut tally = Tally::default();
     let mut i = 0;
     loop {
         if until_stdin_closes {
@@ -260,18 +308,23 @@ pub fn run(
             break;
         }
         i += 1;
-        let attempt = Attempt::from_result(
-            match proto {
-                Protocol::Http => http_once(addr),
-                Protocol::Udp => udp_once(addr, b"probe"),
-                Protocol::Connect => connect_once(addr),
-            },
-            started.elapsed().as_millis() as u64,
-        );
+        let at = started.elapsed();
+        let mut connected = None;
+        let r = match proto {
+            Protocol::Http => http_once(addr, timeout, &mut connected),
+            Protocol::Udp => udp_once(addr, b"probe", timeout),
+            Protocol::Connect => connect_once(addr, timeout),
+        };
+        let took_ms = (started.elapsed() - at).as_millis() as u64;
+        let attempt = Attempt::timed(r, connected, at.as_millis() as u64, took_ms);
         if attempt.ok {
-            ok += 1;
+            tally.ok += 1;
+            tally.slowest_ok_ms = tally.slowest_ok_ms.max(took_ms);
+            if took_ms >= 1000 {
+                tally.slow += 1;
+            }
         } else {
-            failed += 1;
+            tally.failed += 1;
         }
         // In loop mode only failures are worth a line each.
         if !(until_stdin_closes || failures_only) || !attempt.ok {
@@ -282,5 +335,5 @@ pub fn run(
             )?;
         }
     }
-    Ok((ok, failed))
+    Ok(tally)
 }

@@ -55,6 +55,9 @@ pub struct Report {
     /// scale-down, and the failures it saw (one JSON line each).
     pub requests_ok: u64,
     pub failures: String,
+    /// The client's own summary: also how many requests took a second or more, and the
+    /// slowest that succeeded.
+    pub client_summary: String,
     /// The client node's proxy: network programming latency (an endpoint change's trigger
     /// time, 1 s resolution, to its maps) p50 and p99 over the whole run, in seconds.
     pub programming_p50: Option<f64>,
@@ -205,6 +208,7 @@ pub fn run(c: &Cluster, p: &Params) -> Result<Report, String> {
         rollout_cpu,
         requests_ok: seen.ok,
         failures: seen.failures,
+        client_summary: seen.summary,
         programming_p50: programming(0.5),
         programming_p99: programming(0.99),
     })
@@ -245,9 +249,9 @@ impl std::fmt::Display for Report {
         )?;
         write!(
             f,
-            "looping client through the ClusterIP: {} requests, {} failed",
-            self.requests_ok,
-            self.failures.lines().count()
+            "looping client through the ClusterIP ({} s request timeout): {}",
+            e2e::LOOP_TIMEOUT.as_secs(),
+            self.client_summary
         )
     }
 }

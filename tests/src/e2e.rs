@@ -149,12 +149,19 @@ pub struct Loop {
     pub summary: String,
 }
 
+/// The looping client's request timeout: an HTTP client's usual patience, not a latency
+/// bound. A request fails when its connection is refused or reset, or when no reply comes in
+/// this time (a black-holed backend never replies; a starved one on a loaded 2-core machine
+/// may take seconds, which the client's summary reports as its slowest request).
+pub const LOOP_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl LoopingClient {
     pub fn start(c: &Cluster, i: usize, addr: &str) -> LoopingClient {
         let child = c
             .node_command(i, &c.state().binaries.proxy)
             .expect("node command")
             .args(["probe", "http", addr, "--until-stdin-closes"])
+            .args(["--timeout", &LOOP_TIMEOUT.as_secs().to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -101,6 +101,7 @@ pub fn run_bench(opts: Opts) -> Result<()> {
                 "rollout_cpu_s_per_100_pods": r.rollout_cpu_per_100(),
                 "requests_ok": r.requests_ok,
                 "requests_failed": r.failures.lines().count(),
+                "client": r.client_summary,
             })
         })
         .collect();
