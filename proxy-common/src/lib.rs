@@ -22,7 +22,9 @@ pub const MAP_SOURCE_RANGES: &str = "SKIFF_SOURCE_RANGES";
 pub const MAP_MAGLEV: &str = "SKIFF_MAGLEV";
 /// Globals the loader sets.
 pub const GLOBAL_MAGLEV_M: &str = "SKIFF_MAGLEV_M";
-pub const GLOBAL_BPF_LOG: &str = "SKIFF_BPF_LOG";
+/// aya-log-ebpf's level filter: 0 (the default the loader sets) turns every log statement
+/// into dead code the verifier removes at load; `proxy run --bpf-log` sets debug.
+pub const GLOBAL_LOG_LEVEL: &str = "AYA_LOG_LEVEL";
 pub const MAP_AFFINITY: &str = "SKIFF_AFFINITY";
 pub const MAP_COUNTERS: &str = "SKIFF_COUNTERS";
 

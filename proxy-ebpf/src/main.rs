@@ -20,6 +20,7 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
     EbpfContext,
 };
+use aya_log_ebpf::debug;
 use nodeport::{Act, Flow, Kind};
 use sock::Hook;
 
@@ -147,6 +148,7 @@ fn tc_flow(ctx: &mut TcContext) -> Option<Flow> {
 
 #[inline(always)]
 fn tc_finish(ctx: &mut TcContext, f: &Flow, act: Act, ifindex: u32) -> i32 {
+    log_decision(ctx, f, &act);
     match act.kind {
         Kind::Pass => TC_ACT_OK,
         Kind::Drop => TC_ACT_SHOT,
@@ -169,6 +171,35 @@ fn tc_finish(ctx: &mut TcContext, f: &Flow, act: Act, ifindex: u32) -> i32 {
             // The kernel resolves the neighbour and fills in the MAC addresses.
             // SAFETY: helper valid for tc programs; no neighbour hint.
             unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+        }
+    }
+}
+
+/// A packet-level decision at debug level (`proxy run --bpf-log`; removed at load
+/// without it). Flows that are no service's are not logged.
+#[inline(always)]
+fn log_decision<C: EbpfContext>(ctx: &C, f: &Flow, act: &Act) {
+    let (s, d) = (u32::from_be(f.saddr), u32::from_be(f.daddr));
+    let (sp, dp) = (u16::from_be(f.sport), u16::from_be(f.dport));
+    match act.kind {
+        Kind::Pass => {}
+        Kind::Drop => debug!(ctx, "drop {:i}:{} -> {:i}:{} proto {}", s, sp, d, dp, f.proto),
+        Kind::Local | Kind::Forward => {
+            let rw = &act.rw;
+            let pick32 = |bit: u8, new: u32, old: u32| if rw.mask & bit != 0 { u32::from_be(new) } else { old };
+            let pick16 = |bit: u8, new: u16, old: u16| if rw.mask & bit != 0 { u16::from_be(new) } else { old };
+            debug!(
+                ctx,
+                "{:i}:{} -> {:i}:{} becomes {:i}:{} -> {:i}:{}",
+                s,
+                sp,
+                d,
+                dp,
+                pick32(nodeport::RW_SADDR, rw.saddr, s),
+                pick16(nodeport::RW_SPORT, rw.sport, sp),
+                pick32(nodeport::RW_DADDR, rw.daddr, d),
+                pick16(nodeport::RW_DPORT, rw.dport, dp)
+            )
         }
     }
 }
@@ -213,6 +244,7 @@ pub fn skiff_xdp(ctx: XdpContext) -> u32 {
     };
     let ifindex = ctx.ingress_ifindex() as u32;
     let act = nodeport::ingress(&f, ifindex);
+    log_decision(&ctx, &f, &act);
     match act.kind {
         Kind::Pass => xdp_action::XDP_PASS,
         Kind::Drop => xdp_action::XDP_DROP,

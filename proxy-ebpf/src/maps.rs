@@ -52,7 +52,3 @@ pub static SKIFF_MAGLEV: HashMap<MaglevKey, MaglevChunk> =
 /// The Maglev table size M, set by the loader (`--maglev-table-size`).
 #[no_mangle]
 pub static SKIFF_MAGLEV_M: Global<u32> = Global::new(0);
-/// Whether kernel-side logging is on (`proxy run --bpf-log`): a constant the verifier
-/// sees, so with it off the logging code is dead and removed at load.
-#[no_mangle]
-pub static SKIFF_BPF_LOG: Global<u8> = Global::new(0);

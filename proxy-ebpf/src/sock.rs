@@ -8,6 +8,7 @@
 
 use crate::maps::{SKIFF_NODE_ADDRS, SKIFF_SERVICES, SKIFF_SOCK_REVNAT};
 use crate::select::{self, count, Chosen};
+use aya_log_ebpf::debug;
 use aya_ebpf::{
     bindings::bpf_sock_addr,
     helpers::{bpf_get_netns_cookie, bpf_set_retval},
@@ -226,17 +227,29 @@ fn refuse() -> i32 {
 #[inline(always)]
 pub fn forward4(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let s = sa(ctx);
-    let vip = Addr::from_v4_raw(s.user_ip4);
+    let raw = s.user_ip4;
+    let vip = Addr::from_v4_raw(raw);
     let port = s.user_port as u16;
     let v = pick(ctx, hook, vip, port, s.protocol as u8);
     match v.action {
         Action::NotService => ALLOW,
-        Action::Refuse => refuse(),
+        Action::Refuse => {
+            debug!(ctx, "refused {:i}:{} (no backend)", u32::from_be(raw), u16::from_be(port));
+            refuse()
+        }
         Action::Translate => match v.chosen.backend.addr.v4_raw() {
             Some(ip) => {
                 s.user_ip4 = ip;
                 s.user_port = v.chosen.backend.port as u32;
                 remember(ctx, &v.chosen, vip, port);
+                debug!(
+                    ctx,
+                    "{:i}:{} -> {:i}:{}",
+                    u32::from_be(raw),
+                    u16::from_be(port),
+                    u32::from_be(ip),
+                    u16::from_be(v.chosen.backend.port)
+                );
                 ALLOW
             }
             // An IPv4 socket cannot reach an IPv6 backend.

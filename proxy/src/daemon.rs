@@ -69,6 +69,8 @@ pub enum DaemonError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("kernel log: {0}")]
+    KernelLog(std::io::Error),
     #[error("signals: {0}")]
     Signals(std::io::Error),
     #[error("manifests directory {0} does not exist")]
@@ -104,7 +106,12 @@ pub async fn run(opts: RunOptions) -> Result<(), DaemonError> {
                 programs,
                 fence,
                 udp_destroyer,
+                kernel_log,
             } = loader::load(&opts.bpffs, &opts.cgroup, opts.sizes, program_options)?;
+            if let Some(log) = kernel_log {
+                loader::bpflog::spawn(log).map_err(DaemonError::KernelLog)?;
+                tracing::info!("kernel log on (--bpf-log)");
+            }
             let services = maps.services()?;
             let backends = maps.backends()?;
             let ranges = maps.source_ranges()?;

@@ -131,8 +131,8 @@ enum Command {
         /// Packet-level frontends that may hold a Maglev table.
         #[arg(long, default_value_t = MapSizes::default().maglev_frontends)]
         max_maglev_frontends: u32,
-        /// Reserved for kernel-side logging of translation decisions and drops (aya-log, not
-        /// wired yet: the kernel programs log nothing today).
+        /// Log the kernel programs' translation decisions and drops (aya-log, into this
+        /// process's log; off: the logging code is removed at load and costs nothing).
         #[arg(long)]
         bpf_log: bool,
     },

@@ -59,6 +59,38 @@ mod ebpf_only {
     fn with_maglev() {
         node_port_reaches_local_and_remote_backends(Mode::Ebpf, &["--lb-algorithm", "maglev"]);
     }
+
+    /// `--bpf-log`: the programs' decisions reach the proxy's log, at the packet level (a
+    /// NodePort from outside) and at the socket level (the node's own connect()).
+    #[test]
+    fn kernel_logging_with_bpf_log() {
+        let (w, o, _b) = setup(Mode::Ebpf, &["--bpf-log"], |w, o| {
+            format!(
+                "{}---\n{}",
+                web_service(w, "NodePort", ""),
+                web_slice(o, true, true)
+            )
+        });
+        let np = SocketAddr::new(o.node_ip(), NODE_PORT);
+        wait_until("outside and node clients are answered", WAIT, || {
+            let mut a = o.probe("http", np, 5);
+            a.extend(w.probe("http", np, 5));
+            if a.iter().all(|a| a.ok) {
+                Ok(())
+            } else {
+                Err(a)
+            }
+        });
+        let socket_level = format!("{np} -> ");
+        wait_until("both levels logged", WAIT, || {
+            let p = w.proxy();
+            if p.has_log("becomes") && p.has_log(&socket_level) {
+                Ok(())
+            } else {
+                Err(p.logs())
+            }
+        });
+    }
 }
 
 const HTTP_TARGET: &[(&str, u16, &str)] = &[("http", 8080, "TCP")];
@@ -332,4 +364,10 @@ fn the_nodes_own_clients_reach_its_node_ports(mode: Mode, args: &[&str]) {
             Err(n)
         }
     });
+    // Kernel logging is off unless asked for.
+    assert!(
+        !w.proxy().has_log("skiff_proxy::bpf"),
+        "{:?}",
+        w.proxy().logs()
+    );
 }

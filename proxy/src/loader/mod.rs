@@ -5,6 +5,7 @@
 
 pub mod attach;
 mod bpffs;
+pub mod bpflog;
 pub mod fence;
 mod link;
 pub mod maps;
@@ -16,7 +17,7 @@ use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr};
 use aya::EbpfLoader;
 use maps::BpfMaps;
 use proxy_common::{
-    GLOBAL_BPF_LOG, GLOBAL_MAGLEV_M, MAGLEV_CHUNK, MAP_AFFINITY, MAP_BACKENDS, MAP_COUNTERS,
+    GLOBAL_LOG_LEVEL, GLOBAL_MAGLEV_M, MAGLEV_CHUNK, MAP_AFFINITY, MAP_BACKENDS, MAP_COUNTERS,
     MAP_CT, MAP_DEVICES, MAP_MAGLEV, MAP_NODE_ADDRS, MAP_SERVICES, MAP_SOCK_REVNAT,
     MAP_SOURCE_RANGES,
 };
@@ -94,6 +95,8 @@ pub enum LoadError {
         name: &'static str,
         source: aya::programs::ProgramError,
     },
+    #[error("kernel log (--bpf-log): {0}")]
+    Log(#[source] aya_log::Error),
     #[error("program {0} is missing from the object")]
     MissingProgram(&'static str),
     #[error("opening cgroup {path}: {source}")]
@@ -129,6 +132,19 @@ pub struct Loaded {
     /// Destroys connected UDP sockets to removed backends; `None` on kernels without
     /// `bpf_sock_destroy` (before 6.5), where such sockets keep their backend.
     pub udp_destroyer: Option<udp_iter::UdpDestroyer>,
+    /// The programs' log records (`--bpf-log`), to be drained by [`bpflog::spawn`].
+    pub kernel_log: Option<bpflog::KernelLog>,
+}
+
+/// aya-log's level constant: `Level::Debug` (Error = 1 .. Trace = 5) with `--bpf-log`,
+/// else 0, which makes every log statement dead code.
+fn log_level(on: bool) -> u8 {
+    const DEBUG: u8 = 4;
+    if on {
+        DEBUG
+    } else {
+        0
+    }
 }
 
 /// How the programs got attached.
@@ -204,7 +220,7 @@ pub fn load(
         .map_max_entries(MAP_NODE_ADDRS, 1_024)
         .map_max_entries(MAP_DEVICES, 256)
         .override_global(GLOBAL_MAGLEV_M, &options.maglev_m, true)
-        .override_global(GLOBAL_BPF_LOG, &(options.bpf_log as u8), true)
+        .override_global(GLOBAL_LOG_LEVEL, &log_level(options.bpf_log), true)
         .load(object::bytes())?;
     let cgroup_fd = std::fs::File::open(cgroup).map_err(|source| LoadError::Cgroup {
         path: cgroup.display().to_string(),
@@ -272,6 +288,14 @@ pub fn load(
     xdp.load()
         .map_err(|source| LoadError::Program { name, source })?;
     let udp_destroyer = load_udp_destroyer(&ebpf);
+    let kernel_log = if options.bpf_log {
+        Some(
+            aya_log::EbpfLogger::init_with_logger(&mut ebpf, bpflog::ToTracing)
+                .map_err(LoadError::Log)?,
+        )
+    } else {
+        None
+    };
     let maps = BpfMaps::from_loaded(&mut ebpf)?;
     Ok(Loaded {
         maps,
@@ -279,6 +303,7 @@ pub fn load(
         programs: Programs { ebpf, links },
         fence: fence::Fence::new().map_err(LoadError::Fence)?,
         udp_destroyer,
+        kernel_log,
     })
 }
 
