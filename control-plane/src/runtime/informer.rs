@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::key::ObjectKey;
+use super::key::{KeyRef, ObjectKey};
 
 /// The index every informer keeps: objects by namespace ("" for cluster-scoped objects).
 pub const BY_NAMESPACE: &str = "namespace";
@@ -86,7 +86,7 @@ struct Index<K> {
 }
 
 struct State<K> {
-    objects: HashMap<ObjectKey, Arc<K>>,
+    objects: hashbrown::HashMap<ObjectKey, Arc<K>>,
     indexes: HashMap<&'static str, Index<K>>,
     /// Objects of a relist in progress (between `Init` and `InitDone`), ordered by key so
     /// that handlers see the initial adds in a deterministic order.
@@ -162,7 +162,7 @@ impl<K: Cached> Informer<K> {
                 api,
                 config,
                 state: RwLock::new(State {
-                    objects: HashMap::new(),
+                    objects: hashbrown::HashMap::new(),
                     indexes,
                     relist: None,
                 }),
@@ -204,7 +204,13 @@ impl<K: Cached> Informer<K> {
 
     /// The cached namespaced object `namespace/name`.
     pub fn get_namespaced(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
-        self.get(&ObjectKey::namespaced(namespace, name))
+        read(&self.shared.state)
+            .objects
+            .get(&KeyRef {
+                namespace: Some(namespace),
+                name,
+            })
+            .cloned()
     }
 
     /// Every cached object (O(n): for start-up and rare full passes only).

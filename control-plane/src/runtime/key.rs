@@ -2,11 +2,14 @@
 //! printed `namespace/name` (or `name` for cluster-scoped objects) as client-go prints it.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use kube::{Resource, ResourceExt};
 
 /// Identifies one object of a kind (the kind itself is implied by the cache or queue).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Hashed as its borrowed form [`KeyRef`], so hashbrown maps keyed by it are searched
+/// without building a key (two allocations per lookup).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ObjectKey {
     /// `None` for cluster-scoped objects.
     pub namespace: Option<String>,
@@ -44,6 +47,37 @@ impl ObjectKey {
     }
 }
 
+/// An [`ObjectKey`] borrowed from strings at hand: looks up a hashbrown map keyed by
+/// `ObjectKey` (std's `Borrow` cannot express a borrowed pair; hashbrown's `Equivalent` can).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRef<'a> {
+    pub namespace: Option<&'a str>,
+    pub name: &'a str,
+}
+
+impl Hash for KeyRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.namespace.hash(state);
+        self.name.hash(state);
+    }
+}
+
+impl Hash for ObjectKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        KeyRef {
+            namespace: self.namespace.as_deref(),
+            name: &self.name,
+        }
+        .hash(state)
+    }
+}
+
+impl hashbrown::Equivalent<ObjectKey> for KeyRef<'_> {
+    fn equivalent(&self, key: &ObjectKey) -> bool {
+        self.namespace == key.namespace.as_deref() && self.name == key.name
+    }
+}
+
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.namespace {
@@ -56,6 +90,22 @@ impl fmt::Display for ObjectKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_borrowed_key_finds_what_an_owned_key_stored() {
+        let mut m = hashbrown::HashMap::new();
+        m.insert(ObjectKey::namespaced("default", "web"), 1);
+        m.insert(ObjectKey::cluster("web"), 2);
+        m.insert(ObjectKey::namespaced("", "web"), 3);
+        let get = |namespace, name| m.get(&KeyRef { namespace, name }).copied();
+        assert_eq!(get(Some("default"), "web"), Some(1));
+        assert_eq!(get(None, "web"), Some(2));
+        assert_eq!(get(Some(""), "web"), Some(3));
+        assert_eq!(get(Some("other"), "web"), None);
+        assert_eq!(get(Some("default"), "we"), None);
+        // A split that concatenates the same never matches ("de"/"faultweb").
+        assert_eq!(get(Some("de"), "faultweb"), None);
+    }
 
     #[test]
     fn prints_as_client_go_does() {

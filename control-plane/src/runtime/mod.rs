@@ -25,7 +25,7 @@ pub use controller::{Action, Controller, ReconcileError, Reconciler};
 pub use events::{EventSink, EventType, Recorder};
 pub use expectations::Expectations;
 pub use informer::{Change, Informer, Informers};
-pub use key::ObjectKey;
+pub use key::{KeyRef, ObjectKey};
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use metrics::Metrics;
 pub use queue::WorkQueue;
