@@ -51,6 +51,15 @@ impl Cidr {
         Ipv4Addr::from(u32::from(self.network) + 1)
     }
 
+    /// The network address (the host bits cleared).
+    pub fn network(&self) -> Ipv4Addr {
+        self.network
+    }
+
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         let mask = u32::MAX
             .checked_shl(32 - u32::from(self.prefix))
@@ -110,10 +119,12 @@ pub fn write_config(layout: &Layout, node: &NodeName, cidr: Cidr) -> std::io::Re
 
 /// Deletes the node's bridge (when the node goes away for good, e.g. in tests).
 pub fn remove_bridge(node: &NodeName) {
-    let _ = std::process::Command::new("ip")
-        .args(["link", "delete", "dev", &node.bridge()])
-        .stderr(std::process::Stdio::null())
-        .status();
+    let deleted = crate::netlink::Netlink::open().map(|mut nl| nl.delete_link(&node.bridge()));
+    match deleted {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "removing the node's bridge"),
+        Err(e) => tracing::warn!(error = %e, "opening a netlink socket"),
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! Rooms: `agent` (registration, Lease, the pod watch, routes: the API side), `server` (the
 //! kubelet HTTP API, /healthz, /metrics), `metrics`, `names` and `layout` (every name and path derived from the node name and data
 //! dir), `containerd` (the supervised runtime and its generated config), `cri` (the CRI gRPC
-//! client), `cni` (pod network configuration), `cgroups` (cleanup of cgroup parents), `pod`
+//! client), `cni` (pod network configuration), `netlink` (routes, links and addresses through
+//! rtnetlink), `cgroups` (cleanup of cgroup parents), `pod`
 //! (the pod worker: a typed state machine from a Pod object to running containers and back
 //! to a PodStatus).
 
@@ -15,5 +16,6 @@ pub mod cri;
 pub mod layout;
 pub mod metrics;
 pub mod names;
+pub mod netlink;
 pub mod pod;
 pub mod server;

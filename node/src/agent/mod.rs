@@ -109,20 +109,19 @@ pub struct RunningAgent {
     metrics: Arc<Metrics>,
 }
 
+/// The node's address when none is configured: its first global IPv4 address, else loopback.
 fn default_ip() -> Ipv4Addr {
-    let out = std::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "scope", "global"])
-        .output();
-    out.ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .skip_while(|w| *w != "inet")
-                .nth(1)
-                .and_then(|a| a.split('/').next())
-                .and_then(|a| a.parse().ok())
-        })
-        .unwrap_or(Ipv4Addr::LOCALHOST)
+    let found = crate::netlink::Netlink::open()
+        .map_err(|e| e.to_string())
+        .and_then(|mut nl| nl.first_global_ipv4().map_err(|e| e.to_string()));
+    match found {
+        Ok(Some(ip)) => ip,
+        Ok(None) => Ipv4Addr::LOCALHOST,
+        Err(e) => {
+            warn!(error = %e, "finding the node's address");
+            Ipv4Addr::LOCALHOST
+        }
+    }
 }
 
 fn pod_cidr(node: &Node) -> Option<Cidr> {

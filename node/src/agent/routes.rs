@@ -4,10 +4,10 @@
 
 use crate::cni::Cidr;
 use crate::names::NodeName;
+use crate::netlink::Netlink;
 use k8s_openapi::api::core::v1::Node;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
 use tracing::{info, warn};
 
 /// A route this agent installed.
@@ -38,6 +38,8 @@ pub struct Routes {
     me: NodeName,
     my_ip: Option<Ipv4Addr>,
     installed: HashMap<String, Route>,
+    /// Opened at the first change and kept.
+    netlink: Option<Netlink>,
 }
 
 impl Routes {
@@ -46,6 +48,7 @@ impl Routes {
             me,
             my_ip,
             installed: HashMap::new(),
+            netlink: None,
         }
     }
 
@@ -62,10 +65,10 @@ impl Routes {
             return;
         }
         if let Some(old) = self.installed.remove(&name) {
-            ip_route(&["del", &old.cidr.to_string()]);
+            self.delete(old.cidr);
         }
         if let Some(r) = wanted {
-            if ip_route(&["replace", &r.cidr.to_string(), "via", &r.via.to_string()]) {
+            if self.replace(r) {
                 info!(node = %name, cidr = %r.cidr, via = %r.via, "route to a node's pods");
                 self.installed.insert(name, r);
             }
@@ -75,33 +78,47 @@ impl Routes {
     /// A node was deleted.
     pub fn remove(&mut self, name: &str) {
         if let Some(old) = self.installed.remove(name) {
-            ip_route(&["del", &old.cidr.to_string()]);
+            self.delete(old.cidr);
         }
     }
 
     /// Removes every route this agent installed (on shutdown).
     pub fn clear(&mut self) {
-        for (_, r) in self.installed.drain() {
-            ip_route(&["del", &r.cidr.to_string()]);
+        for (_, r) in std::mem::take(&mut self.installed) {
+            self.delete(r.cidr);
         }
     }
-}
 
-fn ip_route(args: &[&str]) -> bool {
-    let out = Command::new("ip")
-        .arg("route")
-        .args(args)
-        .stdin(Stdio::null())
-        .output();
-    match out {
-        Ok(o) if o.status.success() => true,
-        Ok(o) => {
-            warn!(args = ?args, error = %String::from_utf8_lossy(&o.stderr).trim(), "ip route failed");
-            false
+    /// The netlink socket, opened on first use (a failure is logged; the next change retries).
+    fn netlink(&mut self) -> Option<&mut Netlink> {
+        if self.netlink.is_none() {
+            match Netlink::open() {
+                Ok(nl) => self.netlink = Some(nl),
+                Err(e) => warn!(error = %e, "opening a netlink socket for routes"),
+            }
         }
-        Err(e) => {
-            warn!(error = %e, "running ip route");
-            false
+        self.netlink.as_mut()
+    }
+
+    /// Installs (or replaces) a route; returns whether the kernel took it.
+    fn replace(&mut self, r: Route) -> bool {
+        let Some(nl) = self.netlink() else {
+            return false;
+        };
+        match nl.replace_route(r.cidr, r.via) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, "route to a node's pods");
+                false
+            }
+        }
+    }
+
+    fn delete(&mut self, cidr: Cidr) {
+        if let Some(nl) = self.netlink() {
+            if let Err(e) = nl.delete_route(cidr) {
+                warn!(error = %e, "removing a route to a node's pods");
+            }
         }
     }
 }
