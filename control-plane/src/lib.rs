@@ -2,6 +2,7 @@
 //! library; the binary in main.rs is a thin shell over it.
 
 pub mod apiserver;
+pub mod cidr;
 pub mod controllers;
 pub mod machinery;
 pub mod runtime;

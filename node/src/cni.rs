@@ -4,18 +4,17 @@
 
 use crate::layout::Layout;
 use crate::names::NodeName;
+use ipnet::Ipv4Net;
 use serde_json::json;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-/// An IPv4 CIDR block such as a node's `spec.podCIDR`.
+/// A node's pod network (`spec.podCIDR`, such as `10.244.1.0/24`): an IPv4 CIDR with room
+/// for a gateway and a pod (a prefix of at most 30).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Cidr {
-    network: Ipv4Addr,
-    prefix: u8,
-}
+pub struct Cidr(Ipv4Net);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid IPv4 CIDR {0:?}")]
@@ -24,47 +23,31 @@ pub struct BadCidr(pub String);
 impl FromStr for Cidr {
     type Err = BadCidr;
     fn from_str(s: &str) -> Result<Cidr, BadCidr> {
-        let bad = || BadCidr(s.to_string());
-        let (addr, prefix) = s.split_once('/').ok_or_else(bad)?;
-        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
-        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
-        if prefix > 30 {
-            return Err(bad());
-        }
-        let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-        Ok(Cidr {
-            network: Ipv4Addr::from(u32::from(addr) & mask),
-            prefix,
-        })
+        control_plane::cidr::parse_ipv4(s, 0..=30)
+            .map(Cidr)
+            .map_err(|_| BadCidr(s.to_string()))
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
 impl Cidr {
+    pub fn net(&self) -> Ipv4Net {
+        self.0
+    }
+
     /// The first host address: the bridge's own address and the pods' gateway.
     pub fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.network) + 1)
-    }
-
-    /// The network address (the host bits cleared).
-    pub fn network(&self) -> Ipv4Addr {
-        self.network
-    }
-
-    pub fn prefix(&self) -> u8 {
-        self.prefix
+        // A prefix of at most 30 always has hosts.
+        self.0.hosts().next().unwrap_or(self.0.network())
     }
 
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = u32::MAX
-            .checked_shl(32 - u32::from(self.prefix))
-            .unwrap_or(0);
-        u32::from(ip) & mask == u32::from(self.network)
+        self.0.contains(&ip)
     }
 }
 
@@ -138,8 +121,15 @@ mod tests {
         assert_eq!(c.gateway(), Ipv4Addr::new(10, 244, 3, 1));
         assert!(c.contains(Ipv4Addr::new(10, 244, 3, 200)));
         assert!(!c.contains(Ipv4Addr::new(10, 244, 4, 1)));
-        for bad in ["10.0.0.0", "10.0.0.0/33", "x/24", "10.0.0.0/31"] {
-            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.0/33",
+            "x/24",
+            "10.0.0.0/31",
+            "10.0.0/8",
+            "",
+        ] {
+            assert_eq!(bad.parse::<Cidr>(), Err(BadCidr(bad.to_string())), "{bad}");
         }
     }
 

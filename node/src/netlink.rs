@@ -6,7 +6,7 @@
 //! the kernel at once, and the callers (the node watch under a lock, cleanup in `Drop`) are
 //! not async. A socket is opened in the caller's network namespace, which is the agent's.
 
-use crate::cni::Cidr;
+use ipnet::Ipv4Net;
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
     NLM_F_REPLACE, NLM_F_REQUEST,
@@ -56,7 +56,7 @@ impl Netlink {
     }
 
     /// `ip route replace <dst> via <via>`: adds the route or replaces the one to `dst`.
-    pub fn replace_route(&mut self, dst: Cidr, via: Ipv4Addr) -> Result<(), NetlinkError> {
+    pub fn replace_route(&mut self, dst: Ipv4Net, via: Ipv4Addr) -> Result<(), NetlinkError> {
         let mut m = route_to(dst);
         m.header.protocol = RouteProtocol::Boot;
         m.header.scope = RouteScope::Universe;
@@ -76,7 +76,7 @@ impl Netlink {
 
     /// `ip route del <dst>`: deletes the route to `dst` in the main table, whatever its
     /// gateway.
-    pub fn delete_route(&mut self, dst: Cidr) -> Result<(), NetlinkError> {
+    pub fn delete_route(&mut self, dst: Ipv4Net) -> Result<(), NetlinkError> {
         let mut m = route_to(dst);
         // The kernel matches a deletion on the fields given: "nowhere" and unspecified
         // protocol and type match any route to the destination, as `ip route del` does.
@@ -190,10 +190,10 @@ impl Netlink {
 }
 
 /// A route message to `dst` in the main table, with nothing else set.
-fn route_to(dst: Cidr) -> RouteMessage {
+fn route_to(dst: Ipv4Net) -> RouteMessage {
     let mut m = RouteMessage::default();
     m.header.address_family = AddressFamily::Inet;
-    m.header.destination_prefix_length = dst.prefix();
+    m.header.destination_prefix_length = dst.prefix_len();
     m.header.table = RouteHeader::RT_TABLE_MAIN;
     m.attributes
         .push(RouteAttribute::Destination(RouteAddress::Inet(
@@ -276,7 +276,7 @@ mod tests {
     }
 
     /// The gateways of the main table's routes to `dst`.
-    fn gateways(nl: &mut Netlink, dst: Cidr) -> Vec<Ipv4Addr> {
+    fn gateways(nl: &mut Netlink, dst: Ipv4Net) -> Vec<Ipv4Addr> {
         let mut m = RouteMessage::default();
         m.header.address_family = AddressFamily::Inet;
         nl.request(RouteNetlinkMessage::GetRoute(m), NLM_F_DUMP)
@@ -285,7 +285,7 @@ mod tests {
             .filter_map(|m| match m {
                 RouteNetlinkMessage::NewRoute(r)
                     if r.header.table == RouteHeader::RT_TABLE_MAIN
-                        && r.header.destination_prefix_length == dst.prefix()
+                        && r.header.destination_prefix_length == dst.prefix_len()
                         && r.attributes.contains(&RouteAttribute::Destination(
                             RouteAddress::Inet(dst.network()),
                         )) =>
@@ -305,7 +305,7 @@ mod tests {
         in_new_netns(|| {
             let mut nl = Netlink::open().unwrap();
             assert_eq!(nl.first_global_ipv4().unwrap(), None);
-            let dst: Cidr = "10.244.5.0/24".parse().unwrap();
+            let dst: Ipv4Net = "10.244.5.0/24".parse().unwrap();
             // No interface reaches the gateway yet: the kernel's refusal comes back.
             let e = nl
                 .replace_route(dst, Ipv4Addr::new(10, 9, 0, 2))

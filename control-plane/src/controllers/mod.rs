@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use tokio_util::sync::CancellationToken;
@@ -185,35 +186,27 @@ pub fn parse_controllers(spec: &str) -> Result<BTreeSet<ControllerName>, String>
     Ok(enabled.difference(&disabled).copied().collect())
 }
 
-/// An IPv4 CIDR of the cluster's pod network.
+/// The cluster's pod network (`--cluster-cidr`): an IPv4 CIDR with a prefix of 1 to 30.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClusterCidr {
-    pub base: u32,
-    pub prefix: u8,
+pub struct ClusterCidr(Ipv4Net);
+
+impl ClusterCidr {
+    pub fn net(&self) -> Ipv4Net {
+        self.0
+    }
 }
 
 impl FromStr for ClusterCidr {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (ip, prefix) = s
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not a CIDR (a.b.c.d/n)"))?;
-        let ip: std::net::Ipv4Addr = ip.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        let prefix: u8 = prefix.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        if !(1..=30).contains(&prefix) {
-            return Err(format!("{s:?}: the prefix length must be 1 to 30"));
-        }
-        Ok(ClusterCidr {
-            base: u32::from(ip) & (u32::MAX << (32 - prefix)),
-            prefix,
-        })
+        crate::cidr::parse_ipv4(s, 1..=30).map(ClusterCidr)
     }
 }
 
 impl fmt::Display for ClusterCidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", std::net::Ipv4Addr::from(self.base), self.prefix)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
@@ -269,10 +262,10 @@ impl Default for Settings {
             max_endpoints_per_slice: 100,
             node_monitor_period: Duration::from_secs(5),
             node_monitor_grace_period: Duration::from_secs(40),
-            cluster_cidr: Some(ClusterCidr {
-                base: u32::from(std::net::Ipv4Addr::new(10, 244, 0, 0)),
-                prefix: 16,
-            }),
+            cluster_cidr: Some(ClusterCidr(Ipv4Net::new_assert(
+                std::net::Ipv4Addr::new(10, 244, 0, 0),
+                16,
+            ))),
             node_cidr_mask_size: 24,
             terminated_pod_gc_threshold: 12500,
             service_lb_pool: None,
@@ -420,5 +413,20 @@ mod tests {
         let c: ClusterCidr = "10.244.3.7/16".parse().unwrap();
         assert_eq!(c.to_string(), "10.244.0.0/16");
         assert!("10.244.0.0".parse::<ClusterCidr>().is_err());
+    }
+
+    #[test]
+    fn cluster_cidr_rejects_bad_input_with_the_value() {
+        for bad in [
+            "10.244.0.0/0",
+            "10.244.0.0/31",
+            "10.244.0.0/33",
+            "10.244/16",
+            "x",
+            "",
+        ] {
+            let e = bad.parse::<ClusterCidr>().unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
     }
 }

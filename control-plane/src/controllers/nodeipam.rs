@@ -6,6 +6,8 @@
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
@@ -25,7 +27,7 @@ pub const NAME: &str = "nodeipam";
 /// The blocks of a cluster CIDR, by index.
 #[derive(Debug)]
 pub struct Allocator {
-    cluster: ClusterCidr,
+    cluster: Ipv4Net,
     mask: u8,
     used: HashSet<u32>,
     next: u32,
@@ -33,7 +35,8 @@ pub struct Allocator {
 
 impl Allocator {
     pub fn new(cluster: ClusterCidr, mask: u8) -> Result<Allocator, String> {
-        if mask < cluster.prefix || mask > 30 {
+        let cluster = cluster.net();
+        if mask < cluster.prefix_len() || mask > 30 {
             return Err(format!(
                 "--node-cidr-mask-size {mask} does not fit in --cluster-cidr {cluster}"
             ));
@@ -47,20 +50,22 @@ impl Allocator {
     }
 
     fn blocks(&self) -> u32 {
-        1u32 << (self.mask - self.cluster.prefix).min(31)
+        1u32 << (self.mask - self.cluster.prefix_len()).min(31)
     }
 
+    // Block i by arithmetic rather than ipnet's `subnets(mask).nth(i)`, which walks every
+    // block before it.
     fn block(&self, i: u32) -> String {
-        let base = self.cluster.base + (i << (32 - self.mask));
-        format!("{}/{}", Ipv4Addr::from(base), self.mask)
+        let base = u32::from(self.cluster.network()) + (i << (32 - self.mask));
+        Ipv4Net::new_assert(Ipv4Addr::from(base), self.mask).to_string()
     }
 
     /// The index of `cidr` if it is one of our blocks.
     fn index(&self, cidr: &str) -> Option<u32> {
-        let c: ClusterCidr = cidr.parse().ok()?;
-        let in_range = c.prefix == self.mask
-            && (c.base & (u32::MAX << (32 - self.cluster.prefix))) == self.cluster.base;
-        in_range.then(|| (c.base - self.cluster.base) >> (32 - self.mask))
+        let c = crate::cidr::parse_ipv4(cidr, self.mask..=self.mask).ok()?;
+        self.cluster.contains(&c).then(|| {
+            (u32::from(c.network()) - u32::from(self.cluster.network())) >> (32 - self.mask)
+        })
     }
 
     /// Marks a block taken (a Node already has it); false if it is not ours.
@@ -237,5 +242,15 @@ mod tests {
         a.release("10.244.2.0/24");
         assert_eq!(a.allocate().as_deref(), Some("10.244.2.0/24"));
         assert!(Allocator::new("10.244.0.0/16".parse().unwrap(), 8).is_err());
+        // Not blocks of ours: another size, outside, or not a CIDR.
+        for other in [
+            "10.244.1.0/25",
+            "10.244.0.0/22",
+            "10.245.0.0/24",
+            "10.244.1.0",
+            "x",
+        ] {
+            assert!(!a.occupy(other), "{other}");
+        }
     }
 }

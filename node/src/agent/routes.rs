@@ -105,7 +105,7 @@ impl Routes {
         let Some(nl) = self.netlink() else {
             return false;
         };
-        match nl.replace_route(r.cidr, r.via) {
+        match nl.replace_route(r.cidr.net(), r.via) {
             Ok(()) => true,
             Err(e) => {
                 warn!(error = %e, "route to a node's pods");
@@ -116,7 +116,7 @@ impl Routes {
 
     fn delete(&mut self, cidr: Cidr) {
         if let Some(nl) = self.netlink() {
-            if let Err(e) = nl.delete_route(cidr) {
+            if let Err(e) = nl.delete_route(cidr.net()) {
                 warn!(error = %e, "removing a route to a node's pods");
             }
         }

@@ -2,16 +2,15 @@
 //! linear probing (as Kubernetes' allocator does), the network, broadcast and first addresses
 //! reserved (the first is the `kubernetes` service's address by convention).
 
+use ipnet::Ipv4Net;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
-/// An IPv4 CIDR such as `10.96.0.0/12`.
+/// The service range (`--service-cluster-ip-range`, such as `10.96.0.0/12`): an IPv4 CIDR
+/// with a prefix of 8 to 30 (at most 2^24 addresses, the size of the bitmap).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    base: u32,
-    prefix: u8,
-}
+pub struct Cidr(Ipv4Net);
 
 impl Cidr {
     /// The IP family of the range, as a Service's `ipFamilies` names it.
@@ -20,42 +19,35 @@ impl Cidr {
     }
 
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        self.offset(ip).is_some()
+        self.0.contains(&ip)
     }
 
     fn size(&self) -> u64 {
-        1u64 << (32 - self.prefix)
+        1u64 << (32 - self.0.prefix_len())
     }
 
+    /// The position of `ip` in the range (the bitmap's index).
     fn offset(&self, ip: Ipv4Addr) -> Option<usize> {
-        let v = u32::from(ip);
-        let off = v.wrapping_sub(self.base) as u64;
-        (v >= self.base && off < self.size()).then_some(off as usize)
+        self.contains(ip)
+            .then(|| (u32::from(ip) - u32::from(self.0.network())) as usize)
+    }
+
+    /// The address at `offset` (less than `size`).
+    fn at(&self, offset: usize) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.0.network()) + offset as u32)
     }
 }
 
 impl FromStr for Cidr {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (ip, prefix) = s
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not a CIDR (a.b.c.d/n)"))?;
-        let ip: Ipv4Addr = ip.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        let prefix: u8 = prefix.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        if !(8..=30).contains(&prefix) {
-            return Err(format!("{s:?}: the prefix length must be 8 to 30"));
-        }
-        let mask = u32::MAX << (32 - prefix);
-        Ok(Cidr {
-            base: u32::from(ip) & mask,
-            prefix,
-        })
+        crate::cidr::parse_ipv4(s, 8..=30).map(Cidr)
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", Ipv4Addr::from(self.base), self.prefix)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
@@ -137,7 +129,7 @@ impl IpAllocator {
         (0..size)
             .map(|i| (start + i) % size)
             .find(|off| !self.is_set(*off))
-            .map(|off| Ipv4Addr::from(self.cidr.base + off as u32))
+            .map(|off| self.cidr.at(off))
             .ok_or(IpError::Full)
     }
 
@@ -195,5 +187,24 @@ mod tests {
         assert_eq!(a.cidr().to_string(), "10.96.0.0/12");
         assert!("10.96.0.0/33".parse::<Cidr>().is_err());
         assert!("10.96.0.0".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn bad_ranges_are_refused_with_the_value() {
+        for bad in [
+            "10.96.0.0/7",
+            "10.96.0.0/31",
+            "10.96.0/12",
+            "10.96.0.0/",
+            "/12",
+            "",
+        ] {
+            let e = bad.parse::<Cidr>().unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+        let c: Cidr = "10.96.0.9/12".parse().unwrap();
+        assert_eq!(c.to_string(), "10.96.0.0/12");
+        assert!(c.contains("10.111.255.255".parse().unwrap()));
+        assert!(!c.contains("10.112.0.0".parse().unwrap()));
     }
 }
