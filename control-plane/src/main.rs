@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use control_plane::apiserver::{Config, Server};
+use control_plane::apiserver::{admission, Config, Server};
 use control_plane::controllers::flags::ControllerArgs;
 use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
 use control_plane::controllers::ControllerName;
@@ -28,6 +28,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start; the size of the arguments does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the Kubernetes API from a durable embedded store.
@@ -127,6 +129,12 @@ struct ApiserverArgs {
     /// fails at once).
     #[arg(long, default_value_t = 120)]
     watch_cache_liveness_grace: u64,
+    /// Kubernetes' AdmissionConfiguration file (PodSecurity defaults and exemptions).
+    #[arg(long)]
+    admission_control_config_file: Option<PathBuf>,
+    /// Admission plugins to leave out of the chain, by name (e.g. `PodSecurity`).
+    #[arg(long, value_delimiter = ',')]
+    disable_admission_plugins: Vec<String>,
 }
 
 /// How to reach an etcd cluster (kube-apiserver's flags).
@@ -264,6 +272,10 @@ fn apiserver_config(a: ApiserverArgs) -> Result<Config> {
     config.watch_history = a.watch_history;
     config.bookmark_interval = Duration::from_secs(a.bookmark_interval.max(1));
     config.cache_liveness_grace = Duration::from_secs(a.watch_cache_liveness_grace);
+    if let Some(path) = &a.admission_control_config_file {
+        config.admission = admission::Config::from_file(path)?;
+    }
+    config.admission.disabled = a.disable_admission_plugins.into_iter().collect();
     Ok(config)
 }
 

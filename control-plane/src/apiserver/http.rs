@@ -24,6 +24,7 @@ use super::output::{self, Resp};
 use super::registry;
 use super::request::{self, ApiPath};
 use super::{discovery, health};
+use super::warning;
 use crate::machinery::ApiError;
 
 /// How long shutdown waits for open connections to finish.
@@ -108,10 +109,12 @@ async fn handle(ctx: Arc<Ctx>, auth: Arc<Auth>, peer: SocketAddr, req: Request<I
     let path = req.uri().path().to_string();
     let query = request::parse_query(req.uri().query());
     let verb = verb_of(&method, &path, &query);
-    let resp = match route(&ctx, &auth, peer, req, &query).await {
+    let warnings = warning::Recorder::default();
+    let mut resp = match warnings.scope(route(&ctx, &auth, peer, req, &query)).await {
         Ok(r) => r,
         Err(e) => output::error(&e),
     };
+    warnings.apply(&mut resp);
     let code = resp.status().as_u16();
     let secs = started.elapsed().as_secs_f64();
     ctx.metrics.request(verb, code, secs);

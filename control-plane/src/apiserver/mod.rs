@@ -4,8 +4,9 @@
 //!
 //! Rooms: `http` (connections, auth, routing), `request` (paths and query options),
 //! `negotiate` (content types in and out), `protobuf` (kubectl's protobuf bodies), `handlers`
-//! (get/list/watch/create/update/patch/delete and subresources), `allocation` (ClusterIP and
-//! NodePort allocation), `rules` (the seam to the machinery: defaulting, validation, selectors,
+//! (get/list/watch/create/update/patch/delete and subresources), `admission` (the admission
+//! chain every write passes), `allocation` (ClusterIP and NodePort allocation), `warning`
+//! (Warning headers for the client), `rules` (the seam to the machinery: defaulting, validation, selectors,
 //! patches, table cells), `registry` (the served resources), `discovery`, `table`, `meta`,
 //! `output`, `kubeconfig`, `metrics`.
 
@@ -13,6 +14,7 @@
 // handler, so returning it unboxed is simpler and costs nothing that matters.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod allocation;
 pub mod auth;
 pub mod authz;
@@ -33,6 +35,7 @@ pub mod registry;
 mod request;
 mod rules;
 mod table;
+mod warning;
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -77,6 +80,8 @@ pub struct Config {
     /// How long the watch cache may fail to follow the store (while it retries) before
     /// /livez fails too (/readyz fails at once).
     pub cache_liveness_grace: Duration,
+    /// The admission plugins' configuration.
+    pub admission: admission::Config,
 }
 
 impl Config {
@@ -93,6 +98,7 @@ impl Config {
             watch_history: CacheOptions::default().history_per_resource,
             bookmark_interval: Duration::from_secs(30),
             cache_liveness_grace: Duration::from_secs(120),
+            admission: admission::Config::default(),
         }
     }
 }
@@ -166,7 +172,12 @@ impl Server {
             // Only this process may open the database: backups are made through it.
             crate::store::snapshot::serve(s.clone(), &config.data_dir, shutdown.clone())?;
         }
+        let env = admission::Env {
+            store: shared.clone(),
+            cache: cache.clone(),
+        };
         let ctx = Arc::new(Ctx {
+            admission: admission::Chain::new(env, &config.admission),
             store: shared.clone(),
             cache,
             allocator,

@@ -47,6 +47,9 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         ("v1", "Secret") => secret(core::Secret::decode(&*bytes).map_err(bad)?),
         ("v1", "Namespace") => namespace(core::Namespace::decode(&*bytes).map_err(bad)?),
         ("v1", "Service") => service(core::Service::decode(&*bytes).map_err(bad)?),
+        ("v1", "ResourceQuota") => {
+            resource_quota(core::ResourceQuota::decode(&*bytes).map_err(bad)?)
+        }
         // Registered in every group version: `v1`, `apps/v1`, `meta.k8s.io/v1`...
         (_, "DeleteOptions") => delete_options(meta::DeleteOptions::decode(&*bytes).map_err(bad)?),
         ("policy/v1", "Eviction") => {
@@ -642,6 +645,35 @@ fn secret(c: core::Secret) -> Value {
             }),
         ),
         ("stringData", map(c.string_data)),
+    ])
+}
+
+/// `kubectl create quota` (hard limits, scopes; the status is the server's).
+fn resource_quota(q: core::ResourceQuota) -> Value {
+    let spec = q.spec.map(|sp| {
+        let selector = sp.scope_selector.map(|sel| {
+            let exprs = sel
+                .match_expressions
+                .into_iter()
+                .map(|e| {
+                    obj(vec![
+                        ("scopeName", s(e.scope_name)),
+                        ("operator", s(e.operator)),
+                        ("values", strings(e.values)),
+                    ])
+                })
+                .collect();
+            obj(vec![("matchExpressions", Some(Value::Array(exprs)))])
+        });
+        obj(vec![
+            ("hard", quantities(sp.hard)),
+            ("scopes", strings(sp.scopes)),
+            ("scopeSelector", selector),
+        ])
+    });
+    obj(vec![
+        ("metadata", Some(object_meta(q.metadata))),
+        ("spec", spec),
     ])
 }
 

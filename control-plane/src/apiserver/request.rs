@@ -106,6 +106,16 @@ pub fn parse_query(query: Option<&str>) -> HashMap<String, String> {
     out
 }
 
+/// Every value of a parameter that repeats (exec's `command`), percent-decoded, in order.
+pub fn query_values(query: &str, key: &str) -> Vec<String> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .filter(|(k, _)| percent_decode(k) == key)
+        .map(|(_, v)| percent_decode(v))
+        .collect()
+}
+
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

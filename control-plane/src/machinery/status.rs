@@ -74,6 +74,8 @@ pub enum CauseType {
     TooMany,
     /// `FieldManagerConflict` (server-side apply: another manager owns the field)
     FieldManagerConflict,
+    /// `NamespaceTerminating` (NamespaceLifecycle refusing new content)
+    NamespaceTerminating,
 }
 
 impl CauseType {
@@ -90,6 +92,7 @@ impl CauseType {
             CauseType::NotFound => "FieldValueNotFound",
             CauseType::TooMany => "FieldValueTooMany",
             CauseType::FieldManagerConflict => "FieldManagerConflict",
+            CauseType::NamespaceTerminating => "NamespaceTerminating",
         }
     }
 }

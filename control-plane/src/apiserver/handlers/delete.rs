@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 
 use super::read::current;
 use super::write::blocks_deletion;
-use super::{store_error, Call, Ctx, SYSTEM_NAMESPACES};
+use super::{store_error, Call, Ctx};
+use crate::apiserver::admission::{self, Operation, Request};
 use crate::apiserver::negotiate::{self, BodyFormat};
 use crate::apiserver::output::{self, Resp};
 use crate::apiserver::request::ListOptions;
@@ -203,14 +204,13 @@ async fn delete_object(
     let r = call.resource;
     let propagation = opts.propagation()?;
     let dry_run = !opts.dry_run.is_empty();
-    if r.group.is_empty() && r.kind == "Namespace" && SYSTEM_NAMESPACES.contains(&name) {
-        return Err(ApiError::forbidden(format!(
-            "namespace {name} is forbidden: this namespace may not be deleted"
-        ))
-        .with_details("", "namespaces", name));
-    }
     for _ in 0..RETRIES {
         let (cur, rev) = current(ctx, call, name).await?;
+        let req = Request::new(Operation::Delete, r, call.namespace(), name, call.user)
+            .old(&cur)
+            .dry_run(dry_run)
+            .options(admission::options("DeleteOptions", dry_run, None));
+        ctx.admission.admit_without_object(&req).await?;
         if let Some(p) = &opts.preconditions {
             if let Some(uid) = &p.uid {
                 if meta::uid(&cur) != Some(uid.as_str()) {

@@ -15,6 +15,7 @@ use hyper::upgrade::OnUpgrade;
 use serde_json::Value;
 
 use super::{Call, Ctx};
+use crate::apiserver::admission::{Operation, Request};
 use crate::apiserver::output::Resp;
 use crate::machinery::ApiError;
 
@@ -252,13 +253,25 @@ fn require_upgrade(call: &Call<'_>, upgrade: Option<OnUpgrade>) -> Result<OnUpgr
         .ok_or_else(|| ApiError::bad_request("Upgrade request required"))
 }
 
-/// Relays the upgraded connection to `url` on the node agent (and where it redirects).
+/// Relays the upgraded connection to `url` on the node agent (and where it redirects),
+/// once admission has let the CONNECT through.
 async fn relay(
     ctx: &Arc<Ctx>,
     call: &Call<'_>,
     url: &str,
     upgrade: OnUpgrade,
 ) -> Result<Resp, ApiError> {
+    let sub = call.path.subresource.as_deref();
+    let req = Request::new(
+        Operation::Connect,
+        call.resource,
+        call.namespace(),
+        call.path.name.as_deref().unwrap_or_default(),
+        call.user,
+    )
+    .subresource(sub)
+    .options(connect_options(call, sub.unwrap_or_default()));
+    ctx.admission.admit_without_object(&req).await?;
     super::proxy::upgrade(
         call.method,
         url,
@@ -267,6 +280,44 @@ async fn relay(
         ctx.shutdown.clone(),
     )
     .await
+}
+
+/// PodExecOptions, PodAttachOptions or PodPortForwardOptions from the query, as webhooks
+/// that admit CONNECT see them.
+fn connect_options(call: &Call<'_>, sub: &str) -> Value {
+    let kind = match sub {
+        "exec" => "PodExecOptions",
+        "attach" => "PodAttachOptions",
+        _ => "PodPortForwardOptions",
+    };
+    let mut o = serde_json::json!({"kind": kind, "apiVersion": "v1"});
+    for flag in ["stdin", "stdout", "stderr", "tty"] {
+        if let Some(v) = call.query.get(flag) {
+            o[flag] = Value::Bool(v == "true" || v == "1");
+        }
+    }
+    if let Some(c) = call.query.get("container") {
+        o["container"] = Value::from(c.as_str());
+    }
+    let repeated = |key: &str| crate::apiserver::request::query_values(call.query_string, key);
+    match sub {
+        "exec" => o["command"] = serde_json::json!(repeated("command")),
+        "portforward" => {
+            let ports: Vec<u64> = repeated("ports")
+                .iter()
+                .flat_map(|p| {
+                    p.split(',')
+                        .filter_map(|x| x.trim().parse().ok())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            if !ports.is_empty() {
+                o["ports"] = serde_json::json!(ports);
+            }
+        }
+        _ => {}
+    }
+    o
 }
 
 #[cfg(test)]

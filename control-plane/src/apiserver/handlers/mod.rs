@@ -21,6 +21,7 @@ use hyper::upgrade::OnUpgrade;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::Chain;
 use super::allocation::Allocator;
 use super::auth::UserInfo;
 use super::authz::Authorizer;
@@ -43,6 +44,8 @@ pub struct Ctx {
     pub allocator: Allocator,
     /// Who may do what (RBAC and the Node authorizer over the cache).
     pub authz: Authorizer,
+    /// Every write passes it before it is persisted.
+    pub admission: Chain,
     pub shutdown: CancellationToken,
     pub metrics: Metrics,
     /// How often an idle watch with allowWatchBookmarks gets a BOOKMARK.

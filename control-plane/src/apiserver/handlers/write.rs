@@ -1,7 +1,8 @@
-//! create, update and patch: decode, fill in the system metadata, NamespaceLifecycle,
-//! defaulting, validation, allocation, then one compare-and-swap write to the store, answered
-//! only once it is durable. Updates and patches retry on a concurrent write unless the client
-//! named the resourceVersion it expects (then a stale one is 409 Conflict).
+//! create, update and patch: decode, fill in the system metadata, the admission chain
+//! (mutating plugins, defaulting and validation, validating plugins: `apiserver::admission`),
+//! allocation, then one compare-and-swap write to the store, answered only once it is
+//! durable. Updates and patches retry on a concurrent write unless the client named the
+//! resourceVersion it expects (then a stale one is 409 Conflict).
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::read::current;
 use super::{check_kind, store_error, Call, Ctx};
+use crate::apiserver::admission::{self, Request, Schema};
 use crate::apiserver::authz::escalation;
 use crate::apiserver::negotiate::{self, BodyFormat};
 use crate::apiserver::output::{self, Resp};
@@ -141,19 +143,19 @@ pub async fn create(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, ApiError> {
     let opts = options(call)?;
     let obj = decode_body(call, &opts)?;
     escalation::check(ctx, call.user, call.resource, call.namespace(), &obj, None).await?;
-    let stored = create_object(ctx, call.resource, call.namespace(), obj, &opts).await?;
+    let stored = create_object(ctx, call, obj, &opts).await?;
     Ok(output::json(StatusCode::CREATED, &stored))
 }
 
-/// Creates an object: system metadata, NamespaceLifecycle, defaulting, validation,
-/// allocation, then the write. Returns the stored object.
+/// Creates an object: system metadata, admission, allocation, then the write. Returns the
+/// stored object.
 pub async fn create_object(
     ctx: &Ctx,
-    r: &'static Resource,
-    ns: Option<&str>,
+    call: &Call<'_>,
     mut obj: Value,
     opts: &WriteOptions,
 ) -> Result<Value, ApiError> {
+    let (r, ns) = (call.resource, call.namespace());
     place(r, ns, &mut obj)?;
     let m = meta::metadata_mut(&mut obj)?;
     let has_name = m
@@ -193,18 +195,27 @@ pub async fn create_object(
         obj["spec"]["finalizers"] = json!(["kubernetes"]);
     }
     let name = meta::name(&obj).unwrap_or_default().to_string();
-    if r.namespaced() {
-        namespace_lifecycle(ctx, ns.unwrap_or_default()).await?;
-    }
     rules::default(r, &mut obj);
     rules::normalize(r, &mut obj);
     if opts.operation == Operation::Update {
         rules::record_update(r, None, &mut obj, opts, "");
     }
-    let errors = rules::validate(r, &obj, None);
-    if !errors.is_empty() {
-        return Err(ApiError::invalid(r.group, r.kind, &name, errors));
-    }
+    let req = Request::new(
+        admission::Operation::Create,
+        r,
+        ns.filter(|_| r.namespaced()),
+        &name,
+        call.user,
+    )
+    .dry_run(opts.dry_run)
+    .options(admission::options(
+        "CreateOptions",
+        opts.dry_run,
+        opts.field_manager.as_deref(),
+    ));
+    ctx.admission
+        .admit(&req, &mut obj, Schema::Validate)
+        .await?;
     let alloc = ctx.allocator.allocate_create(r, &mut obj, opts.dry_run)?;
     if opts.dry_run {
         ctx.allocator.rollback(alloc);
@@ -231,30 +242,6 @@ pub async fn create_object(
             Err(store_error(r, &name, e))
         }
     }
-}
-
-/// NamespaceLifecycle: no new objects in a namespace that does not exist or is terminating.
-async fn namespace_lifecycle(ctx: &Ctx, ns: &str) -> Result<(), ApiError> {
-    let nsr = crate::apiserver::registry::find("", "v1", "namespaces")
-        .ok_or_else(|| ApiError::internal("namespaces not registered"))?;
-    let Some(o) = ctx.cached(nsr, &nsr.key(None, ns)).await? else {
-        return Err(ApiError::not_found("", "namespaces", ns));
-    };
-    let v = o.value().map_err(ApiError::internal)?;
-    if meta::deletion_timestamp(&v).is_some()
-        || v.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
-    {
-        let mut e = ApiError::forbidden(format!(
-            "unable to create new content in namespace {ns} because it is being terminated"
-        ));
-        e.details = Some(crate::machinery::status::Details {
-            group: String::new(),
-            kind: "namespaces".into(),
-            name: ns.into(),
-        });
-        return Err(e);
-    }
-    Ok(())
 }
 
 pub async fn update(
@@ -321,7 +308,7 @@ pub async fn patch(
             check_kind(r, &mut obj)?;
             strict(r, &obj, &opts)?;
             escalation::check(ctx, call.user, r, call.namespace(), &obj, None).await?;
-            let stored = create_object(ctx, r, call.namespace(), obj, &opts).await?;
+            let stored = create_object(ctx, call, obj, &opts).await?;
             Ok(output::json(StatusCode::CREATED, &stored))
         }
         other => Ok(output::ok(&other?)),
@@ -362,14 +349,34 @@ pub async fn update_object(
             let subresource = call.path.subresource.as_deref().unwrap_or("");
             rules::record_update(r, Some(&cur), &mut new, opts, subresource);
         }
-        let errors = match part {
-            Part::System => Vec::new(),
-            Part::Main | Part::Status => rules::validate(r, &new, Some(&cur)),
-            Part::EphemeralContainers => rules::validate_ephemeral(&new, &cur),
+        // A binding is Kubernetes' CREATE of pods/binding; the rest update the object.
+        let (operation, subresource, schema) = match part {
+            Part::System => (
+                admission::Operation::Create,
+                Some("binding"),
+                Schema::Trusted,
+            ),
+            Part::Main | Part::Status => (
+                admission::Operation::Update,
+                call.path.subresource.as_deref(),
+                Schema::Validate,
+            ),
+            Part::EphemeralContainers => (
+                admission::Operation::Update,
+                call.path.subresource.as_deref(),
+                Schema::EphemeralContainers,
+            ),
         };
-        if !errors.is_empty() {
-            return Err(ApiError::invalid(r.group, r.kind, name, errors));
-        }
+        let req = Request::new(operation, r, call.namespace(), name, call.user)
+            .subresource(subresource)
+            .old(&cur)
+            .dry_run(opts.dry_run)
+            .options(admission::options(
+                "UpdateOptions",
+                opts.dry_run,
+                opts.field_manager.as_deref(),
+            ));
+        ctx.admission.admit(&req, &mut new, schema).await?;
         escalation::check(ctx, call.user, r, call.namespace(), &new, Some(&cur)).await?;
         let alloc = ctx
             .allocator

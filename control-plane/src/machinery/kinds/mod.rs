@@ -13,6 +13,7 @@ mod coordination;
 mod core;
 mod discovery;
 pub mod events;
+mod limits;
 mod node;
 mod pod;
 pub mod rbac;
@@ -129,6 +130,20 @@ static SERVICE_ACCOUNT: KindRules = KindRules {
     validate: core::validate_service_account,
     columns: core::service_account_columns,
     row: core::service_account_row,
+    field: common::meta_field,
+};
+static LIMIT_RANGE: KindRules = KindRules {
+    default: limits::default_limit_range,
+    validate: limits::validate_limit_range,
+    columns: limits::limit_range_columns,
+    row: limits::limit_range_row,
+    field: common::meta_field,
+};
+static RESOURCE_QUOTA: KindRules = KindRules {
+    default: no_defaults,
+    validate: limits::validate_resource_quota,
+    columns: limits::resource_quota_columns,
+    row: limits::resource_quota_row,
     field: common::meta_field,
 };
 static BINDING: KindRules = KindRules {
@@ -264,6 +279,8 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("", "Secret") => &SECRET,
         ("", "ServiceAccount") => &SERVICE_ACCOUNT,
         ("", "Binding") => &BINDING,
+        ("", "LimitRange") => &LIMIT_RANGE,
+        ("", "ResourceQuota") => &RESOURCE_QUOTA,
         ("apps", "Deployment") => &DEPLOYMENT,
         ("apps", "ReplicaSet") => &REPLICA_SET,
         ("apps", "DaemonSet") => &DAEMON_SET,

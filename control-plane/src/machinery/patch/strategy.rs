@@ -284,6 +284,7 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         ("", "Namespace" | "PersistentVolumeClaim") => &NAMESPACE,
         ("", "ServiceAccount") => &SERVICE_ACCOUNT,
         ("", "Endpoints" | "Event" | "ConfigMap" | "Secret" | "Binding")
+        | ("", "LimitRange" | "ResourceQuota")
         | ("discovery.k8s.io", "EndpointSlice")
         | ("coordination.k8s.io", "Lease")
         | ("events.k8s.io", "Event")

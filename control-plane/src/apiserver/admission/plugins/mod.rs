@@ -1,0 +1,5 @@
+//! The built-in admission plugins, a file each; their order is [`super::Chain::new`]'s.
+
+pub mod limit_ranger;
+pub mod namespace_lifecycle;
+pub mod pod_security;
