@@ -5,8 +5,9 @@
 //! what is served from [`discovery`]), [`nodelifecycle`] (with [`tainteviction`] and
 //! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`], [`servicelb`], [`job`] (with
 //! [`ttlafterfinished`]), [`cronjob`], [`statefulset`] (with [`history`], the
-//! ControllerRevisions it shares with DaemonSets); [`pods`] holds what they ask of pods; [`manager`]
-//! runs the enabled ones under leader election with health and metrics; [`flags`] are the
+//! ControllerRevisions it shares with DaemonSets), [`resourcequota`]; [`pods`] holds what they
+//! ask of pods; [`manager`] runs the enabled ones under leader election with health and
+//! metrics; [`flags`] are the
 //! controller-manager's command-line flags.
 //!
 //! [`run`] runs one leadership term: it builds the enabled controllers over one set of shared
@@ -31,6 +32,7 @@ pub mod nodelifecycle;
 pub mod podgc;
 pub mod pods;
 pub mod replicaset;
+pub mod resourcequota;
 pub mod serviceendpoints;
 pub mod servicelb;
 pub mod statefulset;
@@ -72,10 +74,11 @@ pub enum ControllerName {
     TtlAfterFinished,
     CronJob,
     StatefulSet,
+    ResourceQuota,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 17] = [
+    pub const ALL: [ControllerName; 18] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -93,6 +96,7 @@ impl ControllerName {
         ControllerName::TtlAfterFinished,
         ControllerName::CronJob,
         ControllerName::StatefulSet,
+        ControllerName::ResourceQuota,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -114,6 +118,7 @@ impl ControllerName {
             ControllerName::TtlAfterFinished => "ttl-after-finished",
             ControllerName::CronJob => "cronjob",
             ControllerName::StatefulSet => "statefulset",
+            ControllerName::ResourceQuota => "resourcequota",
         }
     }
 
@@ -137,6 +142,7 @@ impl ControllerName {
             ControllerName::TtlAfterFinished => "ttl-after-finished-controller",
             ControllerName::CronJob => "cronjob-controller",
             ControllerName::StatefulSet => "statefulset-controller",
+            ControllerName::ResourceQuota => "resourcequota-controller",
         }
     }
 }
@@ -354,6 +360,9 @@ pub async fn run(
     }
     if on(ControllerName::ClusterRoleAggregation) {
         tasks.push(Box::pin(clusterroleaggregation::build(&ctx).run(t())));
+    }
+    if on(ControllerName::ResourceQuota) {
+        tasks.push(resourcequota::build(&ctx, t()));
     }
     if on(ControllerName::Job) {
         tasks.push(Box::pin(job::build(&ctx).run(t())));

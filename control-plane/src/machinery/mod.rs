@@ -13,6 +13,7 @@ pub mod index_set;
 pub mod kinds;
 pub mod patch;
 pub mod quantity;
+pub mod quota;
 pub mod selectors;
 pub mod status;
 pub mod strict;

@@ -276,9 +276,10 @@ impl Chain {
             Arc::new(namespace_lifecycle::NamespaceLifecycle::new(env.clone())),
             Arc::new(limit_ranger::LimitRanger::new(env.clone())),
             Arc::new(pod_security::PodSecurity::new(
-                env,
+                env.clone(),
                 config.pod_security.clone(),
             )),
+            Arc::new(resource_quota::ResourceQuota::new(env)),
         ];
         let plugins = all
             .into_iter()

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::super::{Env, Operation, Plugin, Request};
 use crate::machinery::quantity::Quantity;
+use crate::machinery::quota;
 use crate::machinery::ApiError;
 
 const ANNOTATION: &str = "kubernetes.io/limit-ranger";
@@ -175,13 +176,6 @@ fn merge(
     }
 }
 
-fn parsed(list: Option<&Resources>) -> BTreeMap<String, Quantity> {
-    list.into_iter()
-        .flatten()
-        .filter_map(|(k, q)| Some((k.clone(), Quantity::parse(&q.0).ok()?)))
-        .collect()
-}
-
 /// Every violation of `lr` by the pod, in Kubernetes' words.
 fn violations(lr: &LimitRange, pod: &Pod) -> Vec<String> {
     let Some(spec) = pod.spec.as_ref() else {
@@ -195,53 +189,16 @@ fn violations(lr: &LimitRange, pod: &Pod) -> Vec<String> {
             .chain(spec.init_containers.iter().flatten())
         {
             let r = c.resources.as_ref();
-            let requests = parsed(r.and_then(|r| r.requests.as_ref()));
-            let limits = parsed(r.and_then(|r| r.limits.as_ref()));
+            let requests = quota::from_api(r.and_then(|r| r.requests.as_ref()));
+            let limits = quota::from_api(r.and_then(|r| r.limits.as_ref()));
             check(item, "Container", &requests, &limits, &mut out);
         }
     }
     for item in items(lr, "Pod") {
-        let (requests, limits) = pod_totals(pod);
+        let (requests, limits) = quota::pod_requests_limits(pod);
         check(item, "Pod", &requests, &limits, &mut out);
     }
     out
-}
-
-/// The pod's requests and limits: its containers summed, at least each init container's,
-/// plus the pod overhead.
-fn pod_totals(pod: &Pod) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
-    let spec = pod.spec.as_ref();
-    let mut totals = (BTreeMap::new(), BTreeMap::new());
-    let add = |into: &mut BTreeMap<String, Quantity>, from: BTreeMap<String, Quantity>| {
-        for (k, v) in from {
-            let sum = match into.get(&k) {
-                Some(have) => have.checked_add(&v).unwrap_or(v),
-                None => v,
-            };
-            into.insert(k, sum);
-        }
-    };
-    for c in spec.iter().flat_map(|s| s.containers.iter()) {
-        let r = c.resources.as_ref();
-        add(&mut totals.0, parsed(r.and_then(|r| r.requests.as_ref())));
-        add(&mut totals.1, parsed(r.and_then(|r| r.limits.as_ref())));
-    }
-    let at_least = |into: &mut BTreeMap<String, Quantity>, from: BTreeMap<String, Quantity>| {
-        for (k, v) in from {
-            if into.get(&k).is_none_or(|have| *have < v) {
-                into.insert(k, v);
-            }
-        }
-    };
-    for c in spec.iter().flat_map(|s| s.init_containers.iter().flatten()) {
-        let r = c.resources.as_ref();
-        at_least(&mut totals.0, parsed(r.and_then(|r| r.requests.as_ref())));
-        at_least(&mut totals.1, parsed(r.and_then(|r| r.limits.as_ref())));
-    }
-    let overhead = parsed(spec.and_then(|s| s.overhead.as_ref()));
-    add(&mut totals.0, overhead.clone());
-    add(&mut totals.1, overhead);
-    totals
 }
 
 /// Kubernetes' resource.MaxMilliValue: the largest value whose milli form fits an int64.
@@ -264,7 +221,7 @@ fn check(
     limits: &BTreeMap<String, Quantity>,
     out: &mut Vec<String>,
 ) {
-    for (res, enforced) in parsed(item.min.as_ref()) {
+    for (res, enforced) in quota::from_api(item.min.as_ref()) {
         let (req, lim) = (requests.get(&res), limits.get(&res));
         let [r, l, e] = common_precision([req, lim, Some(&enforced)]);
         match (req, lim) {
@@ -280,7 +237,7 @@ fn check(
             _ => {}
         }
     }
-    for (res, enforced) in parsed(item.max.as_ref()) {
+    for (res, enforced) in quota::from_api(item.max.as_ref()) {
         let (req, lim) = (requests.get(&res), limits.get(&res));
         let [r, l, e] = common_precision([req, lim, Some(&enforced)]);
         match (req, lim) {
@@ -296,7 +253,7 @@ fn check(
             _ => {}
         }
     }
-    for (res, enforced) in parsed(item.max_limit_request_ratio.as_ref()) {
+    for (res, enforced) in quota::from_api(item.max_limit_request_ratio.as_ref()) {
         let (req, lim) = (requests.get(&res), limits.get(&res));
         let [r, l, _] = common_precision([req, lim, Some(&enforced)]);
         if req.is_none() || r == 0 {
