@@ -7,6 +7,8 @@ use std::time::Duration;
 
 /// Limit on a request or response head, so a bad peer cannot make us buffer forever.
 const MAX_HEAD: usize = 16 * 1024;
+/// Limit on a request body (an AdmissionReview carries a whole object).
+const MAX_BODY: usize = 8 * 1024 * 1024;
 
 /// A parsed request head.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +18,8 @@ pub struct Request {
     /// The peer asked to close after this exchange (HTTP/1.0 or `Connection: close`).
     pub close: bool,
     pub content_length: usize,
+    /// The body, as long as `content_length` says.
+    pub body: Vec<u8>,
 }
 
 /// Why a request could not be read.
@@ -33,7 +37,7 @@ impl From<io::Error> for ReadError {
     }
 }
 
-/// Reads one request head and discards its body.
+/// Reads one request: its head and its body.
 pub fn read_request(r: &mut impl BufRead) -> Result<Request, ReadError> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
@@ -49,6 +53,7 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, ReadError> {
         path: path.to_string(),
         close: version == "HTTP/1.0",
         content_length: 0,
+        body: Vec::new(),
     };
     let mut head = line.len();
     loop {
@@ -74,15 +79,27 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, ReadError> {
             req.close = value.eq_ignore_ascii_case("close");
         }
     }
-    io::copy(
-        &mut r.by_ref().take(req.content_length as u64),
-        &mut io::sink(),
-    )?;
+    if req.content_length > MAX_BODY {
+        return Err(ReadError::Malformed("request body too large"));
+    }
+    req.body = vec![0; req.content_length];
+    r.read_exact(&mut req.body)?;
     Ok(req)
 }
 
 /// Writes a complete text/plain response.
 pub fn write_response(w: &mut impl Write, status: u16, body: &str, close: bool) -> io::Result<()> {
+    write_typed(w, status, "text/plain", body, close)
+}
+
+/// Writes a complete response with a body of `content_type`.
+pub fn write_typed(
+    w: &mut impl Write,
+    status: u16,
+    content_type: &str,
+    body: &str,
+    close: bool,
+) -> io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -94,7 +111,7 @@ pub fn write_response(w: &mut impl Write, status: u16, body: &str, close: bool) 
     let connection = if close { "close" } else { "keep-alive" };
     write!(
         w,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: {connection}\r\n\r\n{body}",
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: {connection}\r\n\r\n{body}",
         body.len()
     )?;
     w.flush()

@@ -14,6 +14,7 @@ pub mod netns;
 pub mod order;
 pub mod registry;
 pub mod subnet;
+pub mod tls;
 pub mod wait;
 
 pub use wait::{wait_until, wait_until_async};

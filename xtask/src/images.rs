@@ -45,18 +45,22 @@ const IMAGES: &[Image] = &[
 pub fn all() -> Result<()> {
     let started = Instant::now();
     musl_target()?;
-    setup::cargo(
-        &[
-            "build",
-            "-q",
-            "-p",
-            "skiff-images",
-            "--profile",
-            "image",
-            "--target",
-            MUSL,
-        ],
-        &[],
+    // ring (TLS in `echo webhook`) compiles a little C and assembly; they are freestanding,
+    // so the host's gcc builds them for the musl target and no musl toolchain is needed.
+    setup::run(
+        Command::new(env!("CARGO"))
+            .current_dir(root())
+            .env(format!("CC_{}", MUSL.replace('-', "_")), "gcc")
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "skiff-images",
+                "--profile",
+                "image",
+                "--target",
+                MUSL,
+            ]),
     )?;
     let bin_dir = target_dir().join(MUSL).join("image");
     registry()?;

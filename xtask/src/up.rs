@@ -112,6 +112,9 @@ pub fn up(opts: Opts) -> Result<()> {
         spec.control_plane_args = vec!["--service-lb-pool".into(), pool];
     }
     spec.eviction_hard = opts.eviction_hard;
+    // The one cluster `up` makes owns the default pod network: the control plane reaches
+    // pods (webhooks served by pods) through routes on the host.
+    spec.pod_routes_on_host = true;
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,
         args: vec!["relay".into()],

@@ -741,6 +741,40 @@ pub static RESOURCES: &[Resource] = &[
         storage: Storage::None,
         schema: schema::<k8s_openapi::api::authorization::v1::SubjectAccessReview>(),
     },
+    Resource {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        kind: "MutatingWebhookConfiguration",
+        plural: "mutatingwebhookconfigurations",
+        singular: "mutatingwebhookconfiguration",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: &["api-extensions"],
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>(
+        ),
+    },
+    Resource {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        kind: "ValidatingWebhookConfiguration",
+        plural: "validatingwebhookconfigurations",
+        singular: "validatingwebhookconfiguration",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: &["api-extensions"],
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>(
+        ),
+    },
 ];
 
 /// The groups in discovery order, each with its versions (only v1 today).

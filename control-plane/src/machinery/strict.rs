@@ -10,7 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use k8s_openapi::api::{apps, autoscaling, batch, coordination, core, discovery, events, rbac};
+use k8s_openapi::api::{
+    admissionregistration, apps, autoscaling, batch, coordination, core, discovery, events, rbac,
+};
 
 /// Paths of unknown fields as Kubernetes' strict decoder names them
 /// (`spec.template.spec.containers[0].imagee`), in document order. Empty when the kind is
@@ -89,6 +91,12 @@ fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Result<Value, (Strin
         ("apps", "StatefulSet") => typed::<apps::v1::StatefulSet>(v),
         ("apps", "ControllerRevision") => typed::<apps::v1::ControllerRevision>(v),
         ("", "PersistentVolumeClaim") => typed::<core::v1::PersistentVolumeClaim>(v),
+        ("admissionregistration.k8s.io", "MutatingWebhookConfiguration") => {
+            typed::<admissionregistration::v1::MutatingWebhookConfiguration>(v)
+        }
+        ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration") => {
+            typed::<admissionregistration::v1::ValidatingWebhookConfiguration>(v)
+        }
         _ => return None,
     })
 }
@@ -221,6 +229,14 @@ mod tests {
             ("coordination.k8s.io", "Lease"),
             ("events.k8s.io", "Event"),
             ("autoscaling", "Scale"),
+            (
+                "admissionregistration.k8s.io",
+                "MutatingWebhookConfiguration",
+            ),
+            (
+                "admissionregistration.k8s.io",
+                "ValidatingWebhookConfiguration",
+            ),
         ] {
             let mut v = json!({"metadata": {"name": "x"}, "extra": 1});
             // Required fields of the few kinds that have them.

@@ -18,6 +18,9 @@ const USAGE: &str = "usage: echo [serve]
        echo alloc MIB                 allocate and touch MIB MiB, then sleep
        echo sleep SECONDS             sleep (0: forever)
        echo exit CODE                 exit with CODE
+       echo webhook --cert FILE --key FILE --sidecar-image IMAGE [--port 8443]
+                                      a mutating admission webhook (HTTPS) that adds a sidecar
+                                      container `sidecar` (IMAGE, `serve` on PORT 9090) to pods
 serve: GET / (who answers), /healthz, /readyz, /env/NAME, /control/{healthy,unhealthy,ready,unready},
        /control/alloc/MIB (allocate and hold MIB MiB)
 env: PORT (8080), POD_NAME (default: the host name), POD_NAMESPACE, POD_IP, NODE_NAME (downward API),
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
         }
         ["alloc", mib] => alloc(mib),
         ["sleep", secs] => sleep(secs),
+        ["webhook", rest @ ..] => webhook(rest),
         ["exit", code] => {
             return code
                 .parse::<u8>()
@@ -207,6 +211,42 @@ fn fetch(url: &str, rest: &[&str]) -> Result<(), String> {
         0 => Ok(()),
         n => Err(format!("{n} of {count} requests failed")),
     }
+}
+
+fn webhook(args: &[&str]) -> Result<(), String> {
+    let mut flags = std::collections::HashMap::new();
+    for pair in args.chunks(2) {
+        match pair {
+            [k, v] if k.starts_with("--") => {
+                flags.insert(&k[2..], *v);
+            }
+            _ => return Err(USAGE.to_string()),
+        }
+    }
+    let need = |k: &str| {
+        flags
+            .get(k)
+            .copied()
+            .ok_or_else(|| format!("--{k} is required"))
+    };
+    let read = |k: &str| {
+        let path = need(k)?;
+        std::fs::read(path).map_err(|e| format!("{path}: {e}"))
+    };
+    let tls = skiff_images::webhook::tls_config(&read("cert")?, &read("key")?)?;
+    let sidecar = skiff_images::webhook::Sidecar {
+        name: "sidecar".into(),
+        image: need("sidecar-image")?.to_string(),
+        args: vec!["serve".into()],
+        env: vec![("PORT".into(), "9090".into())],
+    };
+    let port = flags.get("port").copied().unwrap_or("8443");
+    let listener =
+        TcpListener::bind(format!("0.0.0.0:{port}")).map_err(|e| format!("bind :{port}: {e}"))?;
+    skiff_images::signals::exit_on_term();
+    eprintln!("echo: admission webhook serving on :{port}");
+    skiff_images::webhook::serve(listener, tls, sidecar);
+    Ok(())
 }
 
 fn alloc(mib: &str) -> Result<(), String> {

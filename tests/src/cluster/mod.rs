@@ -86,6 +86,11 @@ pub struct Spec {
     pub control_plane_args: Vec<String>,
     /// The node agents' `--eviction-hard` (DEV_EVICTION_HARD by default).
     pub eviction_hard: String,
+    /// Routes on the host to each node's podCIDR through the node, so the control plane
+    /// reaches pods (admission webhooks served by pods, as on a control-plane node that is
+    /// part of the pod network). Only for a cluster whose pod network is its own on the
+    /// machine: `xtask up`, or a test that passes a `--cluster-cidr` of its own.
+    pub pod_routes_on_host: bool,
 }
 
 /// Hard eviction thresholds for nodes that share the machine's disk with its builds. The
@@ -118,6 +123,7 @@ impl Spec {
             pause_image: crate::registry::PAUSE_IMAGE.to_string(),
             control_plane_args: Vec::new(),
             eviction_hard: DEV_EVICTION_HARD.to_string(),
+            pod_routes_on_host: false,
         }
     }
 }
@@ -267,6 +273,9 @@ impl Cluster {
         self.step(&format!("{n} nodes registered and Ready"), |c| {
             c.wait_nodes_ready()
         })?;
+        if spec.pod_routes_on_host {
+            self.step("routes from the host to the pods", |c| c.route_pods())?;
+        }
         for i in 0..n {
             let name = spec.nodes[i].clone();
             self.step(
@@ -421,6 +430,7 @@ impl Cluster {
             bpffs: self.state.bpffs.join(name),
             agent: None,
             proxy: None,
+            pod_cidr: None,
         };
         // Recorded before anything is made: `down` removes whatever part exists.
         self.state.nodes.push(node.clone());
@@ -478,6 +488,27 @@ impl Cluster {
                 false => Err(format!("ready: {ready:?}")),
             }
         })
+    }
+
+    /// `ip route replace <podCIDR> via <node>` on the host for every node. The routes go
+    /// with the bridge at `down`.
+    fn route_pods(&mut self) -> Result<(), Error> {
+        for i in 0..self.state.nodes.len() {
+            let node = self.state.nodes[i].clone();
+            let cidr = wait_for(&format!("{}'s podCIDR", node.name), READY_TIMEOUT, || {
+                let n = self
+                    .api_get(&format!("/api/v1/nodes/{}", node.name))
+                    .map_err(|e| e.to_string())?;
+                n.pointer("/spec/podCIDR")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| "no podCIDR yet".to_string())
+            })?;
+            network::route_via(&cidr, node.ip, &self.state.bridge)?;
+            self.state.nodes[i].pod_cidr = Some(cidr);
+            self.save()?;
+        }
+        Ok(())
     }
 
     /// Names of the nodes whose Ready condition is True.

@@ -104,6 +104,20 @@ pub fn create_bridge(name: &str, subnet: Subnet) -> Result<(), Error> {
     Ok(())
 }
 
+/// Routes `cidr` on the host through `via` on `bridge` (replacing a route already there).
+pub fn route_via(cidr: &str, via: Ipv4Addr, bridge: &str) -> Result<(), Error> {
+    ip(&[
+        "route",
+        "replace",
+        cidr,
+        "via",
+        &via.to_string(),
+        "dev",
+        bridge,
+    ])?;
+    Ok(())
+}
+
 /// Creates `node`'s namespace, its veth into `bridge` and its address.
 pub fn create_node(
     netns: &str,

@@ -51,6 +51,9 @@ pub struct NodeState {
     pub bpffs: PathBuf,
     pub agent: Option<u32>,
     pub proxy: Option<u32>,
+    /// Its podCIDR, when the host routes to it (`Spec::pod_routes_on_host`).
+    #[serde(default)]
+    pub pod_cidr: Option<String>,
 }
 
 impl NodeState {

@@ -82,6 +82,8 @@ pub struct Request<'a> {
     /// The operation's options as AdmissionReview carries them (CreateOptions, UpdateOptions,
     /// DeleteOptions, PodExecOptions, ...), or Null.
     pub options: Value,
+    /// What the mutating webhooks remember between the first pass and a reinvocation.
+    pub(crate) reinvocation: std::sync::Mutex<plugins::webhook::Reinvocation>,
 }
 
 impl<'a> Request<'a> {
@@ -102,6 +104,7 @@ impl<'a> Request<'a> {
             user,
             dry_run: false,
             options: Value::Null,
+            reinvocation: Default::default(),
         }
     }
 
@@ -207,7 +210,7 @@ impl Env {
     fn resource(group: &str, plural: &str) -> Result<&'static Resource, ApiError> {
         registry::RESOURCES
             .iter()
-            .find(|r| r.group == group && r.plural == plural && r.stored_as.is_none())
+            .find(|r| r.group == group && r.plural == plural && r.stored_as().is_none())
             .ok_or_else(|| ApiError::internal(format!("{plural}.{group} is not served")))
     }
 
@@ -279,6 +282,8 @@ impl Chain {
                 env.clone(),
                 config.pod_security.clone(),
             )),
+            Arc::new(webhook::MutatingWebhooks::new(env.clone())),
+            Arc::new(webhook::ValidatingWebhooks::new(env.clone())),
             Arc::new(resource_quota::ResourceQuota::new(env)),
         ];
         let plugins = all
@@ -337,6 +342,14 @@ impl Chain {
     async fn mutate(&self, req: &Request<'_>, mut obj: Option<&mut Value>) -> Result<(), ApiError> {
         for p in &self.plugins {
             p.admit(req, obj.as_deref_mut()).await?;
+        }
+        // A mutating webhook with reinvocationPolicy IfNeeded runs again when a later one
+        // changed the object; the built-in mutating plugins run again before it (they are
+        // idempotent), as Kubernetes' reinvocation does. Once at most.
+        if plugins::webhook::start_reinvocation(req) {
+            for p in &self.plugins {
+                p.admit(req, obj.as_deref_mut()).await?;
+            }
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! Every function works on the JSON object (as stored and served) and decodes into the
 //! k8s-openapi type inside where that helps.
 
+mod admissionregistration;
 mod apps;
 mod autoscaling;
 pub mod batch;
@@ -144,6 +145,20 @@ static RESOURCE_QUOTA: KindRules = KindRules {
     validate: limits::validate_resource_quota,
     columns: limits::resource_quota_columns,
     row: limits::resource_quota_row,
+    field: common::meta_field,
+};
+static MUTATING_WEBHOOKS: KindRules = KindRules {
+    default: admissionregistration::default_mutating,
+    validate: admissionregistration::validate_mutating,
+    columns: admissionregistration::columns,
+    row: admissionregistration::mutating_row,
+    field: common::meta_field,
+};
+static VALIDATING_WEBHOOKS: KindRules = KindRules {
+    default: admissionregistration::default_validating,
+    validate: admissionregistration::validate_validating,
+    columns: admissionregistration::columns,
+    row: admissionregistration::validating_row,
     field: common::meta_field,
 };
 static BINDING: KindRules = KindRules {
@@ -287,6 +302,8 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("discovery.k8s.io", "EndpointSlice") => &ENDPOINT_SLICE,
         ("coordination.k8s.io", "Lease") => &LEASE,
         ("events.k8s.io", "Event") => &EVENTS_V1_EVENT,
+        ("admissionregistration.k8s.io", "MutatingWebhookConfiguration") => &MUTATING_WEBHOOKS,
+        ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration") => &VALIDATING_WEBHOOKS,
         ("autoscaling", "Scale") => &SCALE,
         (rbac::GROUP, "Role") => &ROLE,
         (rbac::GROUP, "ClusterRole") => &CLUSTER_ROLE,

@@ -285,6 +285,10 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         ("", "ServiceAccount") => &SERVICE_ACCOUNT,
         ("", "Endpoints" | "Event" | "ConfigMap" | "Secret" | "Binding")
         | ("", "LimitRange" | "ResourceQuota")
+        | (
+            "admissionregistration.k8s.io",
+            "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration",
+        )
         | ("discovery.k8s.io", "EndpointSlice")
         | ("coordination.k8s.io", "Lease")
         | ("events.k8s.io", "Event")

@@ -4,3 +4,4 @@ pub mod limit_ranger;
 pub mod namespace_lifecycle;
 pub mod pod_security;
 pub mod resource_quota;
+pub mod webhook;
