@@ -308,11 +308,17 @@ async fn terminated() -> Result<()> {
 
 async fn controller_manager(a: ControllerManagerArgs) -> Result<()> {
     let client = control_plane::runtime::client::from_kubeconfig(&a.kubeconfig).await?;
-    let settings = a
+    let mut settings = a
         .controllers
         .settings(&[])
         .map_err(anyhow::Error::msg)
         .context("--controllers")?;
+    settings.root_ca = control_plane::controllers::rootcacertpublisher::load(
+        a.controllers.root_ca_file.as_deref(),
+        &a.kubeconfig,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("--root-ca-file")?;
     let config = ManagerConfig {
         settings,
         leader_election: a.leader.config("kube-controller-manager"),
@@ -380,13 +386,19 @@ fn parse_disabled(items: &[String]) -> Result<Disabled> {
 
 async fn server(a: ServerArgs) -> Result<()> {
     let disabled = parse_disabled(&a.disable)?;
-    let settings = a
+    let mut settings = a
         .controllers
         .settings(&disabled.some)
         .map_err(anyhow::Error::msg)
         .context("--controllers")?;
     let mut api = Server::start(apiserver_config(a.api)?).await?;
     let stop_api = api.shutdown_token();
+    settings.root_ca = control_plane::controllers::rootcacertpublisher::load(
+        a.controllers.root_ca_file.as_deref(),
+        api.kubeconfig_path(),
+    )
+    .map_err(anyhow::Error::msg)
+    .context("--root-ca-file")?;
     let client = control_plane::runtime::client::from_kubeconfig(api.kubeconfig_path()).await?;
     let token = CancellationToken::new();
     let manager = if disabled.controllers {

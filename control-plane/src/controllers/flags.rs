@@ -73,6 +73,10 @@ pub struct ControllerArgs {
     /// pending, as on a cluster without a load balancer).
     #[arg(long)]
     pub service_lb_pool: Option<super::servicelb::LbPool>,
+    /// The CA bundle published to every namespace as the `kube-root-ca.crt` ConfigMap
+    /// (default: the certificate authority of the kubeconfig).
+    #[arg(long)]
+    pub root_ca_file: Option<std::path::PathBuf>,
 }
 
 impl ControllerArgs {

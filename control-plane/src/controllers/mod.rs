@@ -5,7 +5,8 @@
 //! what is served from [`discovery`]), [`nodelifecycle`] (with [`tainteviction`] and
 //! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`], [`servicelb`], [`job`] (with
 //! [`ttlafterfinished`]), [`cronjob`], [`statefulset`] (with [`history`], the
-//! ControllerRevisions it shares with DaemonSets), [`resourcequota`]; [`pods`] holds what they
+//! ControllerRevisions it shares with DaemonSets), [`resourcequota`], [`serviceaccounts`] and
+//! [`rootcacertpublisher`] (each namespace's identity for pods); [`pods`] holds what they
 //! ask of pods; [`manager`] runs the enabled ones under leader election with health and
 //! metrics; [`flags`] are the
 //! controller-manager's command-line flags.
@@ -33,6 +34,8 @@ pub mod podgc;
 pub mod pods;
 pub mod replicaset;
 pub mod resourcequota;
+pub mod rootcacertpublisher;
+pub mod serviceaccounts;
 pub mod serviceendpoints;
 pub mod servicelb;
 pub mod statefulset;
@@ -52,7 +55,9 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::owner::{self, BY_CONTROLLER_UID, ORPHANS_BY_NAMESPACE};
-use crate::runtime::{EventSink, Informer, Informers, Metrics};
+use crate::runtime::{Controller, EventSink, Informer, Informers, Metrics, Reconciler};
+use kube::api::Api;
+use kube::runtime::watcher;
 
 /// A controller, by the short name kube-controller-manager also accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -75,10 +80,12 @@ pub enum ControllerName {
     CronJob,
     StatefulSet,
     ResourceQuota,
+    ServiceAccount,
+    RootCaCertPublisher,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 18] = [
+    pub const ALL: [ControllerName; 20] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -97,6 +104,8 @@ impl ControllerName {
         ControllerName::CronJob,
         ControllerName::StatefulSet,
         ControllerName::ResourceQuota,
+        ControllerName::ServiceAccount,
+        ControllerName::RootCaCertPublisher,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -119,6 +128,8 @@ impl ControllerName {
             ControllerName::CronJob => "cronjob",
             ControllerName::StatefulSet => "statefulset",
             ControllerName::ResourceQuota => "resourcequota",
+            ControllerName::ServiceAccount => "serviceaccount",
+            ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
         }
     }
 
@@ -143,6 +154,8 @@ impl ControllerName {
             ControllerName::CronJob => "cronjob-controller",
             ControllerName::StatefulSet => "statefulset-controller",
             ControllerName::ResourceQuota => "resourcequota-controller",
+            ControllerName::ServiceAccount => "serviceaccount-controller",
+            ControllerName::RootCaCertPublisher => "root-ca-certificate-publisher-controller",
         }
     }
 }
@@ -247,6 +260,9 @@ pub struct Settings {
     pub service_lb_pool: Option<servicelb::LbPool>,
     /// How fast unreachable nodes are tainted NoExecute, per zone and disruption state.
     pub eviction_rates: disruption::Rates,
+    /// The CA bundle published to every namespace as `kube-root-ca.crt` (None: the
+    /// publisher does not run).
+    pub root_ca: Option<rootcacertpublisher::RootCa>,
 }
 
 impl Default for Settings {
@@ -276,6 +292,7 @@ impl Default for Settings {
             terminated_pod_gc_threshold: 12500,
             service_lb_pool: None,
             eviction_rates: disruption::Rates::default(),
+            root_ca: None,
         }
     }
 }
@@ -299,6 +316,40 @@ pub fn index_pods(pods: &Informer<Pod>) {
     );
     pods.add_index(pods::BY_NODE, pods::index_by_node);
     pods.add_index(pods::BY_LABEL, pods::index_by_label);
+}
+
+/// An informer of the objects named `name` in every namespace (one per namespace), of a
+/// process's own: the shared informer of the kind would cache every object of it.
+pub fn named_informer<K>(client: &Client, name: &str) -> Informer<K>
+where
+    K: crate::runtime::informer::Cached + kube::Resource<DynamicType = ()>,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    Informer::new(Api::all(client.clone()), config)
+}
+
+/// Runs `informer` (a process's own, not a shared one) and, once it has synced, `controller`,
+/// until `token` is cancelled.
+pub fn run_with_informer<K, R>(
+    informer: Informer<K>,
+    controller: Controller<R>,
+    token: CancellationToken,
+) -> BoxFuture<'static, ()>
+where
+    K: crate::runtime::informer::Cached + kube::Resource<DynamicType = ()>,
+    R: Reconciler,
+{
+    let synced = informer.clone();
+    Box::pin(async move {
+        let run = async {
+            tokio::select! {
+                _ = synced.wait_synced() => {}
+                _ = token.cancelled() => return,
+            }
+            controller.run(token.clone()).await;
+        };
+        futures::future::join(informer.run(token.clone()), run).await;
+    })
 }
 
 /// Runs the enabled controllers until `token` is cancelled (one leadership term).
@@ -375,6 +426,12 @@ pub async fn run(
     }
     if on(ControllerName::TtlAfterFinished) {
         tasks.push(Box::pin(ttlafterfinished::build(&ctx).run(t())));
+    }
+    if on(ControllerName::ServiceAccount) {
+        tasks.push(serviceaccounts::build(&ctx, t()));
+    }
+    if on(ControllerName::RootCaCertPublisher) {
+        tasks.extend(rootcacertpublisher::build(&ctx, t()));
     }
     if on(ControllerName::Namespace) {
         tasks.push(Box::pin(namespace::build(&ctx).run(t())));
