@@ -205,6 +205,53 @@ spec:
     let run = f.k.run_with_stdin(&["apply", "-f", "-"], deployment);
     assert!(run.success, "{}", run.stderr);
     assert!(run.stderr.contains(warning), "{}", run.stderr);
+    // So are a StatefulSet's, a Job's and a CronJob's (its template inside jobTemplate).
+    let container = "      containers:
+      - name: web
+        image: nginx:1.27
+        securityContext: {privileged: true}
+";
+    let set = format!(
+        "apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: s, namespace: watched}}
+spec:
+  serviceName: s
+  selector: {{matchLabels: {{app: s}}}}
+  template:
+    metadata: {{labels: {{app: s}}}}
+    spec:
+{container}"
+    );
+    let job = format!(
+        "apiVersion: batch/v1
+kind: Job
+metadata: {{name: j, namespace: watched}}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+{container}"
+    );
+    let indented: String = container.lines().map(|l| format!("    {l}\n")).collect();
+    let cron = format!(
+        "apiVersion: batch/v1
+kind: CronJob
+metadata: {{name: c, namespace: watched}}
+spec:
+  schedule: '*/5 * * * *'
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+{indented}"
+    );
+    for manifest in [&set, &job, &cron] {
+        let run = f.k.run_with_stdin(&["apply", "-f", "-"], manifest);
+        assert!(run.success, "{manifest}\n{}", run.stderr);
+        assert!(run.stderr.contains(warning), "{manifest}\n{}", run.stderr);
+    }
 
     // Enforcing baseline where a pod already violates it: kubectl prints which.
     let run = f.k.run(&[

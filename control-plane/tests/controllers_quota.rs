@@ -248,3 +248,169 @@ async fn scoped_quotas_count_only_their_pods() {
     used_becomes(&quotas, "best-effort", "pods=1").await;
     c.shutdown().await;
 }
+
+/// Jobs, StatefulSets and their claims go through the same chain: the pods their controllers
+/// create get the namespace's LimitRange defaults, the claims a StatefulSet makes from its
+/// templates are charged as storage, and object counts of the batch and apps kinds are kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn workload_controllers_pods_and_claims_pass_admission() {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{LimitRange, PersistentVolumeClaim};
+
+    let c = Cluster::start(fast_settings(), &[]).await;
+    let k = Kubectl::new(c.server().kubeconfig_path(), c.dir.path());
+    k.ok(&["create", "namespace", "wl"]);
+    let ranges: Api<LimitRange> = Api::namespaced(c.client.clone(), "wl");
+    ranges
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "defaults"},
+                "spec": {"limits": [{"type": "Container",
+                    "default": {"cpu": "200m"}, "defaultRequest": {"cpu": "100m"}}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    k.ok(&[
+        "create",
+        "quota",
+        "wl",
+        "-n",
+        "wl",
+        "--hard=count/jobs.batch=1,count/statefulsets.apps=1,persistentvolumeclaims=1,requests.storage=1Gi",
+    ]);
+    let quotas: Api<ResourceQuota> = Api::namespaced(c.client.clone(), "wl");
+    used_becomes(
+        &quotas,
+        "wl",
+        "count/jobs.batch=0,count/statefulsets.apps=0,persistentvolumeclaims=0,requests.storage=0",
+    )
+    .await;
+
+    // A Job: its pod, created by the job controller, has the LimitRange's defaults.
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), "wl");
+    let job = |name: &str| -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "work", "image": "busybox:1.36"}]}}}
+        }))
+        .unwrap()
+    };
+    jobs.create(&PostParams::default(), &job("once"))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "wl");
+    let defaulted = |p: &Pod| {
+        let r = p.spec.as_ref()?.containers[0].resources.clone()?;
+        Some((
+            r.requests?.get("cpu")?.0.clone(),
+            r.limits?.get("cpu")?.0.clone(),
+        ))
+    };
+    wait_until_async("the job's pod, defaulted", WAIT, || async {
+        let list = pods
+            .list(&kube::api::ListParams::default().labels("job-name=once"))
+            .await
+            .map_err(|e| e.to_string())?;
+        match list.items.first().map(defaulted) {
+            Some(Some((req, lim))) if req == "100m" && lim == "200m" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // count/jobs.batch: a second Job is refused and not stored.
+    let msg = forbidden(
+        jobs.create(&PostParams::default(), &job("twice"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        msg,
+        "jobs.batch \"twice\" is forbidden: exceeded quota: wl, requested: count/jobs.batch=1, used: count/jobs.batch=1, limited: count/jobs.batch=1"
+    );
+    assert!(jobs.get_opt("twice").await.unwrap().is_none());
+
+    // A StatefulSet: its claim is charged as storage, its pod defaulted like the Job's.
+    let sets: Api<StatefulSet> = Api::namespaced(c.client.clone(), "wl");
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "db"},
+            "spec": {
+                "serviceName": "db",
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": {"metadata": {"labels": {"app": "db"}},
+                    "spec": {"containers": [{"name": "db", "image": "busybox:1.36"}]}},
+                "volumeClaimTemplates": [{"metadata": {"name": "data"},
+                    "spec": {"accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "1Gi"}}}}]
+            }
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    wait_until_async("the set's pod, defaulted", WAIT, || async {
+        let p = pods.get_opt("db-0").await.map_err(|e| e.to_string())?;
+        match p.as_ref().map(defaulted) {
+            Some(Some((req, lim))) if req == "100m" && lim == "200m" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "wl");
+    assert!(claims.get_opt("data-db-0").await.unwrap().is_some());
+    used_becomes(
+        &quotas,
+        "wl",
+        "count/jobs.batch=1,count/statefulsets.apps=1,persistentvolumeclaims=1,requests.storage=1Gi",
+    )
+    .await;
+    // The quota is full: another claim is refused with what it asked for.
+    let err = k
+        .run_with_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: extra, namespace: wl}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+",
+        )
+        .stderr;
+    assert!(
+        err.contains("persistentvolumeclaims \"extra\" is forbidden: exceeded quota: wl, requested: persistentvolumeclaims=1,requests.storage=1Gi, used: persistentvolumeclaims=1,requests.storage=1Gi, limited: persistentvolumeclaims=1,requests.storage=1Gi"),
+        "{err}"
+    );
+    assert!(claims.get_opt("extra").await.unwrap().is_none());
+    // Deleting the claim gives its storage back (the set goes first, its pod orphaned, so
+    // that nothing makes the claim again).
+    sets.delete("db", &DeleteParams::orphan()).await.unwrap();
+    wait_until_async("the set gone", WAIT, || async {
+        match sets.get_opt("db").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_string()),
+        }
+    })
+    .await;
+    claims
+        .delete("data-db-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until_async("storage given back", WAIT, || async {
+        let q = quotas.get("wl").await.map_err(|e| e.to_string())?;
+        let used = q.status.and_then(|s| s.used).unwrap_or_default();
+        match used.get("requests.storage").map(|q| q.0.as_str()) {
+            Some("0") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    c.shutdown().await;
+}

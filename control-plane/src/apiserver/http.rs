@@ -23,8 +23,8 @@ use super::negotiate::{self, MAX_BODY_BYTES};
 use super::output::{self, Resp};
 use super::registry;
 use super::request::{self, ApiPath};
-use super::{discovery, health};
 use super::warning;
+use super::{discovery, health};
 use crate::machinery::ApiError;
 
 /// How long shutdown waits for open connections to finish.

@@ -14,9 +14,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Pod, ResourceQuota, ResourceQuotaStatus, Secret, Service, ServiceAccount,
+    ConfigMap, PersistentVolumeClaim, Pod, ResourceQuota, ResourceQuotaStatus, Secret, Service,
+    ServiceAccount,
 };
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource, ResourceExt};
@@ -177,6 +179,20 @@ pub fn build(ctx: &Context, token: CancellationToken) -> futures::future::BoxFut
         &queue,
     );
     follow(&ctx.informers.get::<DaemonSet>(), &tallies, &quotas, &queue);
+    follow(
+        &ctx.informers.get::<StatefulSet>(),
+        &tallies,
+        &quotas,
+        &queue,
+    );
+    follow(&ctx.informers.get::<Job>(), &tallies, &quotas, &queue);
+    follow(&ctx.informers.get::<CronJob>(), &tallies, &quotas, &queue);
+    follow(
+        &ctx.informers.get::<PersistentVolumeClaim>(),
+        &tallies,
+        &quotas,
+        &queue,
+    );
     let q = queue.clone();
     quotas.on_change(move |c| match c {
         Change::Added(o) | Change::Updated { new: o, .. } => {

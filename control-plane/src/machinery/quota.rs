@@ -1,6 +1,6 @@
 //! What an object counts against a ResourceQuota (Kubernetes' quota evaluators): a pod's
 //! compute requests and limits and its object count, a Service's node ports and load
-//! balancers, any object's `count/<resource>[.<group>]`; which quotas an object falls under
+//! balancers, a PersistentVolumeClaim's storage (per storage class too), any object's `count/<resource>[.<group>]`; which quotas an object falls under
 //! (scopes); and the arithmetic on resource lists. Pure: the ResourceQuota admission plugin
 //! and the quota controller share it.
 
@@ -21,6 +21,8 @@ pub enum Evaluator {
     Pods,
     /// Counts, node ports and load balancers.
     Services,
+    /// Counts and requested storage, in total and per storage class.
+    PersistentVolumeClaims,
     /// A count only (`count/<resource>.<group>`, and the legacy name some kinds have).
     Count,
 }
@@ -30,6 +32,7 @@ impl Evaluator {
         match (group, plural) {
             ("", "pods") => Evaluator::Pods,
             ("", "services") => Evaluator::Services,
+            ("", "persistentvolumeclaims") => Evaluator::PersistentVolumeClaims,
             _ => Evaluator::Count,
         }
     }
@@ -60,6 +63,12 @@ fn legacy_count_name(group: &str, plural: &str) -> Option<&'static str> {
     })
 }
 
+/// `<class>.storageclass.storage.k8s.io/requests.storage`: a storage class's share.
+const STORAGE_CLASS_SUFFIX: &str = ".storageclass.storage.k8s.io/";
+/// The storage class annotation older claims name theirs with, as a JSON pointer segment
+/// (`volume.beta.kubernetes.io/storage-class`, its `/` escaped).
+const BETA_CLASS_POINTER: &str = "volume.beta.kubernetes.io~1storage-class";
+
 fn one() -> Quantity {
     Quantity::from_value(1, Format::DecimalSI)
 }
@@ -75,13 +84,25 @@ pub fn handles(group: &str, plural: &str, resource: &str) -> bool {
     }
     match Evaluator::of(group, plural) {
         Evaluator::Pods => {
-            matches!(resource, "cpu" | "memory" | "ephemeral-storage")
-                || resource.starts_with("requests.")
-                || resource.starts_with("limits.")
-                || resource.starts_with("hugepages-")
+            let compute = |r: &str| {
+                matches!(r, "cpu" | "memory" | "ephemeral-storage") || r.starts_with("hugepages-")
+            };
+            compute(resource)
+                || resource
+                    .strip_prefix("requests.")
+                    .is_some_and(|r| compute(r) || is_extended(r))
+                || resource.strip_prefix("limits.").is_some_and(compute)
         }
         Evaluator::Services => {
             matches!(resource, "services.nodeports" | "services.loadbalancers")
+        }
+        Evaluator::PersistentVolumeClaims => {
+            resource == "requests.storage"
+                || resource
+                    .split_once(STORAGE_CLASS_SUFFIX)
+                    .is_some_and(|(_, r)| {
+                        matches!(r, "requests.storage" | "persistentvolumeclaims")
+                    })
         }
         Evaluator::Count => false,
     }
@@ -144,6 +165,33 @@ pub fn usage(group: &str, plural: &str, obj: &Value) -> Usage {
             };
             u.insert("services.nodeports".into(), count(node_ports));
             u.insert("services.loadbalancers".into(), count(lbs));
+        }
+        Evaluator::PersistentVolumeClaims => {
+            u.insert("persistentvolumeclaims".into(), one());
+            let storage = obj
+                .pointer("/spec/resources/requests/storage")
+                .and_then(Value::as_str)
+                .and_then(|s| Quantity::parse(s).ok());
+            let class = obj
+                .pointer("/spec/storageClassName")
+                .or_else(|| obj.pointer(&format!("/metadata/annotations/{BETA_CLASS_POINTER}")))
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty());
+            if let Some(class) = class {
+                u.insert(
+                    format!("{class}{STORAGE_CLASS_SUFFIX}persistentvolumeclaims"),
+                    one(),
+                );
+            }
+            if let Some(q) = storage {
+                if let Some(class) = class {
+                    u.insert(
+                        format!("{class}{STORAGE_CLASS_SUFFIX}requests.storage"),
+                        q.clone(),
+                    );
+                }
+                u.insert("requests.storage".into(), q);
+            }
         }
         Evaluator::Count => {
             if let Some(legacy) = legacy_count_name(group, plural) {
@@ -329,6 +377,9 @@ pub fn matches_scopes(spec: &ResourceQuotaSpec, pod: Option<&PodScopes>) -> bool
 pub fn add(a: &mut Usage, b: &Usage) {
     for (k, v) in b {
         let sum = match a.get(k) {
+            // A zero takes the other's format, as Kubernetes' Quantity.Add does (so used
+            // storage reads 1Gi, not 1073741824).
+            Some(have) if have.is_zero() => v.clone(),
             Some(have) => have.checked_add(v).unwrap_or_else(|| v.clone()),
             None => v.clone(),
         };
@@ -409,6 +460,45 @@ mod tests {
 
     fn q(s: &str) -> Quantity {
         Quantity::parse(s).unwrap()
+    }
+
+    #[test]
+    fn claims_use_storage_in_total_and_per_class() {
+        let pvc = json!({"metadata":{"name":"c"},"spec":{"storageClassName":"fast",
+            "resources":{"requests":{"storage":"1Gi"}}}});
+        let u = usage("", "persistentvolumeclaims", &pvc);
+        assert_eq!(u["persistentvolumeclaims"], q("1"));
+        assert_eq!(u["count/persistentvolumeclaims"], q("1"));
+        assert_eq!(u["requests.storage"], q("1Gi"));
+        assert_eq!(
+            u["fast.storageclass.storage.k8s.io/requests.storage"],
+            q("1Gi")
+        );
+        assert_eq!(
+            u["fast.storageclass.storage.k8s.io/persistentvolumeclaims"],
+            q("1")
+        );
+        let beta = json!({"metadata":{"name":"c","annotations":{
+            "volume.beta.kubernetes.io/storage-class":"slow"}},
+            "spec":{"resources":{"requests":{"storage":"2Gi"}}}});
+        let u = usage("", "persistentvolumeclaims", &beta);
+        assert_eq!(
+            u["slow.storageclass.storage.k8s.io/requests.storage"],
+            q("2Gi")
+        );
+        let plain = json!({"metadata":{"name":"c"},"spec":{}});
+        let u = usage("", "persistentvolumeclaims", &plain);
+        assert!(!u.contains_key("requests.storage"));
+        for r in [
+            "requests.storage",
+            "persistentvolumeclaims",
+            "count/persistentvolumeclaims",
+            "fast.storageclass.storage.k8s.io/requests.storage",
+        ] {
+            assert!(handles("", "persistentvolumeclaims", r), "{r}");
+        }
+        assert!(!handles("", "persistentvolumeclaims", "requests.cpu"));
+        assert!(!handles("", "pods", "requests.storage"));
     }
 
     #[test]

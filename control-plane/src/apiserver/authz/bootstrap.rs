@@ -350,6 +350,37 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "resourcequota-controller",
+            vec![
+                // Usage of any kind a quota can count.
+                r(&["list", "watch"], &["*"], &["*"]),
+                r(&["update"], &[""], &["resourcequotas/status"]),
+                events_rule(),
+            ],
+        ),
+        (
+            "root-ca-cert-publisher",
+            vec![
+                r(&["create", "update"], &[""], &["configmaps"]),
+                // Kubernetes' role leaves reads to the shared informers; skiff's controller
+                // manager runs as the union of these roles, so they are named here.
+                r(&["list", "watch"], &[""], &["configmaps", "namespaces"]),
+                events_rule(),
+            ],
+        ),
+        (
+            "service-account-controller",
+            vec![
+                r(&["create"], &[""], &["serviceaccounts"]),
+                r(
+                    &["list", "watch"],
+                    &[""],
+                    &["namespaces", "serviceaccounts"],
+                ),
+                events_rule(),
+            ],
+        ),
+        (
             "statefulset-controller",
             vec![
                 r(&["list", "watch"], &[""], &["pods"]),

@@ -76,12 +76,33 @@ pub async fn proxy(ctx: &Arc<Ctx>, call: &Call<'_>, id: &str) -> Result<Resp, Ap
     let invalid =
         || ApiError::bad_request(format!("invalid {} request {id:?}", call.resource.singular));
     let target = ProxyName::parse(id).ok_or_else(invalid)?;
+    admit(ctx, call, id).await?;
     let (scheme, backend, pod_ip) = match call.resource.kind {
         "Pod" => pod_backend(ctx, call, &target).await?,
         "Service" => service_backend(ctx, call, &target).await?,
         _ => node_backend(ctx, &target).await?,
     };
     relay(call, &prefix, scheme, &backend, &pod_ip).await
+}
+
+/// A proxy request is a CONNECT to admission (as in Kubernetes), with PodProxyOptions,
+/// ServiceProxyOptions or NodeProxyOptions naming the path.
+async fn admit(ctx: &Ctx, call: &Call<'_>, id: &str) -> Result<(), ApiError> {
+    let options = serde_json::json!({
+        "kind": format!("{}ProxyOptions", call.resource.kind),
+        "apiVersion": "v1",
+        "path": call.proxy_path,
+    });
+    let req = crate::apiserver::admission::Request::new(
+        crate::apiserver::admission::Operation::Connect,
+        call.resource,
+        call.namespace(),
+        id,
+        call.user,
+    )
+    .subresource(Some("proxy"))
+    .options(options);
+    ctx.admission.admit_without_object(&req).await
 }
 
 /// `/api/v1/[namespaces/<ns>/]<resource>/<id>/proxy`

@@ -2,13 +2,17 @@
 //! without a limit (request) for a resource gets the LimitRange's `default`
 //! (`defaultRequest`), recorded in the `kubernetes.io/limit-ranger` annotation. Validating:
 //! each container's and the pod's requests and limits within `min`/`max`, and
-//! limit/request within `maxLimitRequestRatio`, with Kubernetes' messages. Pods only, on
-//! create (a pod's resources cannot change afterwards), as Kubernetes' plugin does.
+//! limit/request within `maxLimitRequestRatio`, with Kubernetes' messages. Pods on create (a
+//! pod's resources cannot change afterwards); PersistentVolumeClaims' requested storage
+//! within the `PersistentVolumeClaim` items' `min`/`max` on create and on update (a resize),
+//! as Kubernetes' plugin does.
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Container, LimitRange, LimitRangeItem, Pod};
+use k8s_openapi::api::core::v1::{
+    Container, LimitRange, LimitRangeItem, PersistentVolumeClaim, Pod,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use serde_json::Value;
 
@@ -32,8 +36,12 @@ impl LimitRanger {
 
     /// The namespace's LimitRanges, when the request is one the plugin acts on.
     async fn ranges(&self, req: &Request<'_>) -> Result<Vec<LimitRange>, ApiError> {
-        let (true, Operation::Create, Some(ns)) = (req.is_pod(), req.operation, req.namespace)
-        else {
+        let acts = match req.operation {
+            Operation::Create => req.is_pod() || is_claim(req),
+            Operation::Update => is_claim(req),
+            Operation::Delete | Operation::Connect => false,
+        };
+        let (true, Some(ns)) = (acts, req.namespace) else {
             return Ok(Vec::new());
         };
         let found = self.env.list("", "limitranges", Some(ns)).await?;
@@ -53,7 +61,7 @@ impl Plugin for LimitRanger {
     async fn admit(&self, req: &Request<'_>, obj: Option<&mut Value>) -> Result<(), ApiError> {
         let Some(obj) = obj else { return Ok(()) };
         let ranges = self.ranges(req).await?;
-        if ranges.is_empty() {
+        if ranges.is_empty() || !req.is_pod() {
             return Ok(());
         }
         let Ok(mut pod) = serde_json::from_value::<Pod>(obj.clone()) else {
@@ -73,15 +81,69 @@ impl Plugin for LimitRanger {
         if ranges.is_empty() {
             return Ok(());
         }
-        let Ok(pod) = serde_json::from_value::<Pod>(obj.clone()) else {
-            return Ok(());
+        let errors: Vec<String> = if is_claim(req) {
+            let Ok(claim) = serde_json::from_value::<PersistentVolumeClaim>(obj.clone()) else {
+                return Ok(());
+            };
+            ranges
+                .iter()
+                .flat_map(|lr| claim_violations(lr, &claim))
+                .collect()
+        } else {
+            let Ok(pod) = serde_json::from_value::<Pod>(obj.clone()) else {
+                return Ok(());
+            };
+            ranges.iter().flat_map(|lr| violations(lr, &pod)).collect()
         };
-        let errors: Vec<String> = ranges.iter().flat_map(|lr| violations(lr, &pod)).collect();
         match aggregate(&errors) {
             None => Ok(()),
             Some(message) => Err(req.forbidden(Some(obj), message)),
         }
     }
+}
+
+/// A PersistentVolumeClaim itself (not its status).
+fn is_claim(req: &Request<'_>) -> bool {
+    req.is("", "PersistentVolumeClaim") && req.subresource.is_none()
+}
+
+/// PersistentVolumeClaimValidateLimitFunc: the requested storage (what the user asks for;
+/// a claim's limits are not) against the `PersistentVolumeClaim` items' min and max.
+fn claim_violations(lr: &LimitRange, claim: &PersistentVolumeClaim) -> Vec<String> {
+    const KIND: &str = "PersistentVolumeClaim";
+    let requests = quota::from_api(
+        claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref()),
+    );
+    let mut out = Vec::new();
+    for item in items(lr, KIND) {
+        for (res, enforced) in quota::from_api(item.min.as_ref()) {
+            match requests.get(&res) {
+                None => out.push(format!(
+                    "minimum {res} usage per {KIND} is {enforced}.  No request is specified"
+                )),
+                Some(req) if req < &enforced => out.push(format!(
+                    "minimum {res} usage per {KIND} is {enforced}, but request is {req}"
+                )),
+                Some(_) => {}
+            }
+        }
+        for (res, enforced) in quota::from_api(item.max.as_ref()) {
+            match requests.get(&res) {
+                None => out.push(format!(
+                    "maximum {res} usage per {KIND} is {enforced}.  No request is specified"
+                )),
+                Some(req) if req > &enforced => out.push(format!(
+                    "maximum {res} usage per {KIND} is {enforced}, but request is {req}"
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    out
 }
 
 /// Go's utilerrors.NewAggregate message: one error as it is, several as `[a, b]` (repeats
@@ -296,6 +358,36 @@ mod tests {
         serde_json::from_value(json!({"metadata":{"name":"p"},"spec":{"containers":[
             {"name":"web","image":"i","resources":resources}]}}))
         .unwrap()
+    }
+
+    #[test]
+    fn claims_request_storage_within_min_and_max() {
+        let lr = range(json!([{"type":"PersistentVolumeClaim",
+            "min":{"storage":"1Gi"},"max":{"storage":"10Gi"}}]));
+        let claim = |requests: Value| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({"metadata":{"name":"c"},
+                "spec":{"resources":{"requests":requests}}}))
+            .unwrap()
+        };
+        assert!(claim_violations(&lr, &claim(json!({"storage":"5Gi"}))).is_empty());
+        assert_eq!(
+            claim_violations(&lr, &claim(json!({"storage":"20Gi"}))),
+            ["maximum storage usage per PersistentVolumeClaim is 10Gi, but request is 20Gi"]
+        );
+        assert_eq!(
+            claim_violations(&lr, &claim(json!({"storage":"500Mi"}))),
+            ["minimum storage usage per PersistentVolumeClaim is 1Gi, but request is 500Mi"]
+        );
+        assert_eq!(
+            claim_violations(&lr, &claim(json!({}))),
+            [
+                "minimum storage usage per PersistentVolumeClaim is 1Gi.  No request is specified",
+                "maximum storage usage per PersistentVolumeClaim is 10Gi.  No request is specified"
+            ]
+        );
+        // Container items say nothing about claims.
+        let containers = range(json!([{"type":"Container","max":{"cpu":"1"}}]));
+        assert!(claim_violations(&containers, &claim(json!({}))).is_empty());
     }
 
     #[test]

@@ -98,8 +98,12 @@ fn delta(req: &Request<'_>, obj: &Value) -> Usage {
     let evaluator = Evaluator::of(r.group, r.plural);
     let charged = match req.operation {
         Operation::Create => true,
-        // Only a Service's node ports and load balancers can grow after it exists.
-        Operation::Update => evaluator == Evaluator::Services,
+        // Only a Service's node ports and load balancers and a claim's storage (expansion)
+        // can grow after the object exists.
+        Operation::Update => matches!(
+            evaluator,
+            Evaluator::Services | Evaluator::PersistentVolumeClaims
+        ),
         Operation::Delete | Operation::Connect => false,
     };
     if !charged || req.subresource.is_some() || req.namespace.is_none() {

@@ -282,10 +282,14 @@ impl PodSecurity {
     }
 }
 
-/// The pod template of a workload (deployments, replicasets, daemonsets, ...), if the object
-/// has one at `spec.template`.
+/// The pod template of a workload, if the object has one: at `spec.template` (deployments,
+/// replicasets, daemonsets, statefulsets, jobs, ...) or a CronJob's
+/// `spec.jobTemplate.spec.template`.
 fn template(obj: &Value) -> Option<PodTemplateSpec> {
-    serde_json::from_value(obj.pointer("/spec/template")?.clone()).ok()
+    let t = obj
+        .pointer("/spec/template")
+        .or_else(|| obj.pointer("/spec/jobTemplate/spec/template"))?;
+    serde_json::from_value(t.clone()).ok()
 }
 
 /// Kubernetes skips pod updates that change nothing the standards look at (labels,
@@ -402,6 +406,19 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn templates_of_workloads_and_cron_jobs() {
+        let spec = serde_json::json!({"containers": [{"name": "c", "image": "i"}]});
+        let set = serde_json::json!({"kind": "StatefulSet", "spec": {"template": {"spec": spec}}});
+        let cron = serde_json::json!({"kind": "CronJob",
+            "spec": {"jobTemplate": {"spec": {"template": {"spec": spec}}}}});
+        for obj in [set, cron] {
+            let t = template(&obj).unwrap_or_else(|| panic!("{obj}"));
+            assert_eq!(t.spec.unwrap().containers[0].name, "c");
+        }
+        assert!(template(&serde_json::json!({"kind": "ConfigMap", "data": {}})).is_none());
     }
 
     #[test]
