@@ -120,21 +120,25 @@ async fn two_controller_managers_never_both_act() {
         holder(&leases).await.ok_or(())
     })
     .await;
-    let (leader, standby, ops_leader, ops_standby) =
-        if a.log().contains(&format!("identity={first}")) {
-            (&mut a, &mut b, ops_a, ops_b)
+    // The Lease names the holder as soon as it is written; its log line follows: which
+    // process it is, only once one of them has written it.
+    let named = format!("identity={first}");
+    let a_leads = wait_until_async("the leader's log says so", WAIT, || async {
+        if a.log().contains(&named) {
+            Ok(true)
+        } else if b.log().contains(&named) {
+            Ok(false)
         } else {
-            (&mut b, &mut a, ops_b, ops_a)
-        };
-    // The Lease names the holder as soon as it is written; the log line follows.
-    wait_until_async("the leader's log says so", WAIT, || async {
-        leader
-            .log()
-            .contains("became leader")
-            .then_some(())
-            .ok_or(())
+            Err(())
+        }
     })
     .await;
+    let (leader, standby, ops_leader, ops_standby) = if a_leads {
+        (&mut a, &mut b, ops_a, ops_b)
+    } else {
+        (&mut b, &mut a, ops_b, ops_a)
+    };
+    assert!(leader.log().contains("became leader"));
 
     let deployments: Api<Deployment> = c.api("default");
     deployments
