@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod cidr;
 pub mod controllers;
 pub mod machinery;
+pub mod pki;
 pub mod runtime;
 pub mod scheduler;
 pub mod store;

@@ -135,6 +135,29 @@ struct ApiserverArgs {
     /// Admission plugins to leave out of the chain, by name (e.g. `PodSecurity`).
     #[arg(long, value_delimiter = ',')]
     disable_admission_plugins: Vec<String>,
+    /// Serve plain HTTP instead of TLS: for debugging, on a loopback address only, and
+    /// still authenticated (bearer tokens, e.g. from --token-auth-file).
+    #[arg(long)]
+    plain_http: bool,
+    /// The address nodes reach this server at (added to the serving certificate's SANs).
+    #[arg(long)]
+    advertise_address: Option<std::net::IpAddr>,
+    /// More subject alternative names (IPs or DNS names) for the serving certificate.
+    #[arg(long = "tls-san", value_delimiter = ',')]
+    tls_sans: Vec<control_plane::pki::San>,
+    /// Static bearer tokens: a CSV file of `token,user,uid,"group1,group2"` lines.
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// The issuer (`iss`) of service account tokens.
+    #[arg(long, default_value = control_plane::apiserver::auth::serviceaccount::DEFAULT_ISSUER)]
+    service_account_issuer: String,
+    /// Audiences the API accepts tokens for (default: the issuer).
+    #[arg(long, value_delimiter = ',')]
+    api_audiences: Vec<String>,
+    /// The longest lifetime a TokenRequest is given (a Go duration such as 24h; default:
+    /// as requested).
+    #[arg(long, value_parser = parse_duration)]
+    service_account_max_token_expiration: Option<Duration>,
 }
 
 /// How to reach an etcd cluster (kube-apiserver's flags).
@@ -276,6 +299,15 @@ fn apiserver_config(a: ApiserverArgs) -> Result<Config> {
         config.admission = admission::Config::from_file(path)?;
     }
     config.admission.disabled = a.disable_admission_plugins.into_iter().collect();
+    if a.plain_http {
+        config.transport = control_plane::apiserver::TransportMode::PlainHttp;
+    }
+    config.advertise_address = a.advertise_address;
+    config.tls_sans = a.tls_sans;
+    config.token_auth_file = a.token_auth_file;
+    config.service_account_issuer = a.service_account_issuer;
+    config.api_audiences = a.api_audiences;
+    config.service_account_max_token_expiration = a.service_account_max_token_expiration;
     Ok(config)
 }
 
@@ -393,13 +425,22 @@ async fn server(a: ServerArgs) -> Result<()> {
         .context("--controllers")?;
     let mut api = Server::start(apiserver_config(a.api)?).await?;
     let stop_api = api.shutdown_token();
+    // Each component with its own identity, as when they run as processes of their own.
+    let client_of = |file: &str| {
+        let path = api.component_kubeconfig(file);
+        async move { control_plane::runtime::client::from_kubeconfig(&path).await }
+    };
+    // The controller manager's kubeconfig carries the cluster CA: the bundle the
+    // root-ca-cert-publisher puts in every namespace.
     settings.root_ca = control_plane::controllers::rootcacertpublisher::load(
         a.controllers.root_ca_file.as_deref(),
-        api.kubeconfig_path(),
+        &api.component_kubeconfig(control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG),
     )
     .map_err(anyhow::Error::msg)
     .context("--root-ca-file")?;
-    let client = control_plane::runtime::client::from_kubeconfig(api.kubeconfig_path()).await?;
+    let controllers_client =
+        client_of(control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG).await?;
+    let scheduler_client = client_of(control_plane::apiserver::SCHEDULER_KUBECONFIG).await?;
     let token = CancellationToken::new();
     let manager = if disabled.controllers {
         tracing::info!("controllers disabled");
@@ -410,7 +451,7 @@ async fn server(a: ServerArgs) -> Result<()> {
             leader_election: a.leader.config("kube-controller-manager"),
             ops_listen: Some(a.controller_manager_bind_address),
         };
-        Some(ControllerManager::start(client.clone(), config, token.clone()).await?)
+        Some(ControllerManager::start(controllers_client, config, token.clone()).await?)
     };
     let scheduler = if disabled.scheduler {
         tracing::info!("scheduler disabled");
@@ -423,7 +464,9 @@ async fn server(a: ServerArgs) -> Result<()> {
         };
         let token = token.clone();
         Some(tokio::spawn(control_plane::scheduler::run(
-            client, config, token,
+            scheduler_client,
+            config,
+            token,
         )))
     };
     tokio::select! {

@@ -1,11 +1,13 @@
 //! The API server as a real process (`control-plane apiserver`), for tests that must kill it
 //! (kill -9 durability) or restart it: started on a free loopback port (kept across
-//! restarts) with its own data directory, ready once /readyz answers, killed on Drop.
+//! restarts) with its own data directory, ready once /readyz answers over TLS (the cluster
+//! CA from the kubeconfig it wrote), killed on Drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::kubeconfig::KubeconfigAccess;
 use crate::wait::wait_until;
 
 /// A running `control-plane apiserver` process.
@@ -37,9 +39,19 @@ impl ApiServerProcess {
         self.data_dir.join("kubeconfig")
     }
 
-    /// `http://127.0.0.1:<port>`
+    /// `https://127.0.0.1:<port>`
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The admin's access (server, CA, client certificate) from the kubeconfig.
+    pub fn admin(&self) -> KubeconfigAccess {
+        KubeconfigAccess::read(&self.kubeconfig()).expect("the admin kubeconfig")
+    }
+
+    /// The PKI directory (CA, service account key) under the data directory.
+    pub fn pki_dir(&self) -> PathBuf {
+        self.data_dir.join("pki")
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -68,23 +80,20 @@ impl ApiServerProcess {
             .spawn()
             .expect("starting control-plane apiserver");
         self.child = Some(child);
-        let url = wait_until(
+        let access = wait_until(
             "the apiserver writes its kubeconfig",
             Duration::from_secs(30),
-            || {
-                let text = std::fs::read_to_string(&kubeconfig).map_err(|e| e.to_string())?;
-                text.lines()
-                    .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_string))
-                    .ok_or_else(|| "no server line yet".to_string())
+            || KubeconfigAccess::read(&kubeconfig),
+        );
+        wait_until(
+            "the apiserver is ready",
+            Duration::from_secs(30),
+            || match access.get("/readyz", Duration::from_secs(5))? {
+                (200, _) => Ok(()),
+                (code, body) => Err(format!("{code}: {body}")),
             },
         );
-        wait_until("the apiserver is ready", Duration::from_secs(30), || {
-            ureq::get(&format!("{url}/readyz"))
-                .call()
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        });
-        self.url = url;
+        self.url = access.server;
     }
 
     /// SIGKILL: no shutdown code runs.
@@ -113,7 +122,11 @@ impl ApiServerProcess {
     /// Starts it again on the same data directory and port (clients keep working).
     pub fn restart(&mut self) {
         self.kill9();
-        let listen = self.url.trim_start_matches("http://").to_string();
+        let listen = self
+            .url
+            .trim_start_matches("https://")
+            .trim_start_matches("http://")
+            .to_string();
         self.spawn(&listen);
     }
 }

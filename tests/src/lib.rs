@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod density;
 pub mod e2e;
 pub mod etcd;
+pub mod kubeconfig;
 pub mod kubectl;
 pub mod netns;
 pub mod order;

@@ -77,7 +77,9 @@ fn subresource_verbs(s: Subresource) -> Vec<String> {
         Subresource::Status | Subresource::Scale | Subresource::EphemeralContainers => {
             vec!["get".into(), "patch".into(), "update".into()]
         }
-        Subresource::Binding | Subresource::Eviction => vec!["create".into()],
+        Subresource::Binding | Subresource::Eviction | Subresource::Token => {
+            vec!["create".into()]
+        }
         Subresource::Log => vec!["get".into()],
         Subresource::Exec | Subresource::Attach | Subresource::PortForward => {
             vec!["create".into(), "get".into()]
@@ -98,6 +100,7 @@ fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str
         Subresource::Attach => ("", "v1", "PodAttachOptions"),
         Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
         Subresource::Proxy => ("", "v1", proxy_options(r.kind)),
+        Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest"),
         Subresource::Status | Subresource::EphemeralContainers => (r.group, r.version, r.kind),
     }
 }

@@ -1,5 +1,6 @@
-//! The HTTP front: accepting connections (plain HTTP today; a TLS acceptor slots in at
-//! [`serve`]), authentication, routing of non-resource paths (health, version, metrics,
+//! The HTTP front: accepting connections (TLS with the cluster CA's serving certificate;
+//! plain HTTP only when asked for, on loopback), authentication of every request but the
+//! health and version paths, routing of non-resource paths (health, version, metrics,
 //! discovery, OpenAPI) and of resource paths to the handlers, request metrics and logs.
 
 use std::collections::HashMap;
@@ -14,9 +15,10 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 
-use super::auth::{self, UserInfo};
+use super::auth::{AuthnError, ClientCert, UserInfo};
 use super::authz::{self, attributes::Attributes};
 use super::handlers::{self, Call, Ctx};
 use super::negotiate::{self, MAX_BODY_BYTES};
@@ -26,46 +28,32 @@ use super::request::{self, ApiPath};
 use super::warning;
 use super::{discovery, health};
 use crate::machinery::ApiError;
+use crate::pki::ClientVerifier;
 
 /// How long shutdown waits for open connections to finish.
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Who may call the API: the holder of the admin bearer token; over plain HTTP also a
-/// loopback client that presents no token at all (kubectl sends credentials only over TLS,
-/// like Kubernetes' former insecure port). A wrong token is always refused.
-pub struct Auth {
-    /// The admin bearer token.
-    pub token: String,
-}
-
-impl Auth {
-    fn check(&self, req: &Request<Incoming>, peer: SocketAddr) -> Result<UserInfo, ApiError> {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match given {
-            Some(t) if constant_time_eq(t.as_bytes(), self.token.as_bytes()) => Ok(admin()),
-            None if peer.ip().is_loopback() => Ok(admin()),
-            _ => Err(ApiError::unauthorized()),
-        }
-    }
-}
-
-fn admin() -> UserInfo {
-    UserInfo::new("admin", &[auth::MASTERS])
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// How connections are accepted.
+#[derive(Clone)]
+pub enum Transport {
+    /// TLS with this configuration; client certificates checked against the CA.
+    Tls {
+        config: Arc<rustls::ServerConfig>,
+        clients: ClientVerifier,
+    },
+    /// Plain HTTP (a debugging flag, on loopback only): bearer tokens only.
+    Plain,
 }
 
 /// Serves connections until `ctx.shutdown` fires, then drains them.
-pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, auth: Arc<Auth>) {
+pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, transport: Transport) {
     let graceful = GracefulShutdown::new();
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let acceptor = match &transport {
+        Transport::Tls { config, .. } => Some(tokio_rustls::TlsAcceptor::from(config.clone())),
+        Transport::Plain => None,
+    };
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -78,20 +66,43 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, auth: Arc<Auth>) {
             _ = ctx.shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let ctx = ctx.clone();
-        let auth = auth.clone();
-        let service = service_fn(move |req| {
-            let ctx = ctx.clone();
-            let auth = auth.clone();
-            async move { Ok::<_, std::convert::Infallible>(handle(ctx, auth, peer, req).await) }
-        });
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+        let (ctx, watcher) = (ctx.clone(), graceful.watcher());
+        match (&acceptor, &transport) {
+            (Some(acceptor), Transport::Tls { clients, .. }) => {
+                let (acceptor, clients) = (acceptor.clone(), clients.clone());
+                // The handshake runs on the connection's own task: a slow client never
+                // holds up the accept loop.
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            ctx.metrics.handshake("failed");
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            ctx.metrics.handshake("timeout");
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    ctx.metrics.handshake("ok");
+                    let cert = match tls.get_ref().1.peer_certificates() {
+                        Some(chain) if !chain.is_empty() => match clients.verify(chain) {
+                            Ok(c) => ClientCert::Verified(c),
+                            Err(why) => ClientCert::Rejected(why),
+                        },
+                        _ => ClientCert::None,
+                    };
+                    connection(ctx, watcher, tls, peer, cert).await;
+                });
             }
-        });
+            _ => {
+                tokio::spawn(connection(ctx, watcher, stream, peer, ClientCert::None));
+            }
+        }
     }
     drop(listener);
     if tokio::time::timeout(DRAIN, graceful.shutdown())
@@ -102,15 +113,42 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, auth: Arc<Auth>) {
     }
 }
 
+/// Serves one connection (HTTP/1.1 with upgrades, or HTTP/2) until it closes.
+async fn connection<S>(
+    ctx: Arc<Ctx>,
+    watcher: hyper_util::server::graceful::Watcher,
+    stream: S,
+    peer: SocketAddr,
+    cert: ClientCert,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let cert = Arc::new(cert);
+    let service = service_fn(move |req| {
+        let (ctx, cert) = (ctx.clone(), cert.clone());
+        async move { Ok::<_, std::convert::Infallible>(handle(ctx, &cert, peer, req).await) }
+    });
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    if let Err(e) = watcher.watch(conn.into_owned()).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
 /// One request, logged and counted.
-async fn handle(ctx: Arc<Ctx>, auth: Arc<Auth>, peer: SocketAddr, req: Request<Incoming>) -> Resp {
+async fn handle(
+    ctx: Arc<Ctx>,
+    cert: &ClientCert,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Resp {
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = request::parse_query(req.uri().query());
     let verb = verb_of(&method, &path, &query);
     let warnings = warning::Recorder::default();
-    let mut resp = match warnings.scope(route(&ctx, &auth, peer, req, &query)).await {
+    let mut resp = match warnings.scope(route(&ctx, cert, peer, req, &query)).await {
         Ok(r) => r,
         Err(e) => output::error(&e),
     };
@@ -159,7 +197,7 @@ async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
 
 async fn route(
     ctx: &Arc<Ctx>,
-    auth: &Auth,
+    cert: &ClientCert,
     peer: SocketAddr,
     mut req: Request<Incoming>,
     query: &HashMap<String, String>,
@@ -168,10 +206,10 @@ async fn route(
     match path.as_str() {
         "/healthz" | "/livez" => return Ok(health::livez(ctx, query)),
         "/readyz" => return Ok(health::readyz(ctx, query)),
-        "/version" => return Ok(output::ok(&discovery::version())),
+        "/version" | "/version/" => return Ok(output::ok(&discovery::version())),
         _ => {}
     }
-    let user = auth.check(&req, peer)?;
+    let user = authenticate(ctx, req.headers(), cert, peer)?;
     let user = authz::impersonation::impersonate(ctx, user, req.headers()).await?;
     let attributes = Attributes::of_request(req.method(), &path, query);
     authz::check(ctx, &user, &attributes).await?;
@@ -293,4 +331,28 @@ fn host(req: &Request<Incoming>) -> String {
         .and_then(|h| h.to_str().ok())
         .unwrap_or("")
         .to_string()
+}
+
+/// The caller, or 401 (the reason logged, not told: Kubernetes answers every failed
+/// authentication with the same Status).
+fn authenticate(
+    ctx: &Ctx,
+    headers: &http::HeaderMap,
+    cert: &ClientCert,
+    peer: SocketAddr,
+) -> Result<UserInfo, ApiError> {
+    match ctx.authenticator.authenticate(headers, cert) {
+        Ok(user) => {
+            ctx.metrics.authentication("ok");
+            Ok(user)
+        }
+        Err(e) => {
+            ctx.metrics.authentication("unauthorized");
+            match &e {
+                AuthnError::NoCredentials => tracing::debug!(%peer, "anonymous request refused"),
+                AuthnError::Rejected(_) => tracing::info!(%peer, error = %e, "unauthorized"),
+            }
+            Err(ApiError::unauthorized())
+        }
+    }
 }

@@ -1,26 +1,36 @@
-//! The admin credentials: a bearer token kept in the data directory (so a restarted server
-//! accepts the kubeconfigs it wrote before) and the kubeconfig that kubectl and kube-rs use.
+//! Kubeconfigs as kubectl, client-go and kube-rs read them: the server URL and the cluster
+//! CA (embedded), and the user's credentials (a client certificate and key, embedded, or a
+//! bearer token), context namespace `default`. Written 0600: they hold credentials.
 
-use std::io::Write;
 use std::path::Path;
 
-/// Reads the token in `dir/admin-token`, creating it on first start.
-pub fn load_or_create_token(dir: &Path) -> std::io::Result<String> {
-    let path = dir.join("admin-token");
-    match std::fs::read_to_string(&path) {
-        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let raw: [u8; 24] = rand::random();
-    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    write_private(&path, token.as_bytes())?;
-    Ok(token)
+use base64::Engine;
+
+pub use crate::pki::files::write_private;
+use crate::pki::Issued;
+
+/// The credentials of a kubeconfig's user.
+#[derive(Clone, Debug)]
+pub enum Credentials {
+    /// A client certificate and its key (PEM).
+    Certificate(Issued),
+    /// A bearer token (a bootstrap token, a static token).
+    Token(String),
 }
 
-/// The kubeconfig for `server` (a URL) with `token`, context namespace `default`.
-pub fn render(server: &str, token: &str) -> String {
+/// A kubeconfig for `server` (a URL) trusting `ca_pem`, as `user` with `credentials`.
+pub fn render(server: &str, ca_pem: &str, user: &str, credentials: &Credentials) -> String {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let user_fields = match credentials {
+        Credentials::Certificate(c) => format!(
+            "    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(&c.cert_pem),
+            b64(&c.key_pem)
+        ),
+        Credentials::Token(t) => format!("    token: {t}\n"),
+    };
+    // Quoted: user names such as `system:node:n1` hold colons.
+    let user = serde_json::Value::from(user).to_string();
     format!(
         "apiVersion: v1
 kind: Config
@@ -28,40 +38,32 @@ clusters:
 - name: skiff
   cluster:
     server: {server}
+    certificate-authority-data: {ca}
 users:
-- name: skiff-admin
+- name: {user}
   user:
-    token: {token}
-contexts:
+{user_fields}contexts:
 - name: skiff
   context:
     cluster: skiff
-    user: skiff-admin
+    user: {user}
     namespace: default
 current-context: skiff
 preferences: {{}}
-"
+",
+        ca = b64(ca_pem),
     )
 }
 
-/// Writes a file only its owner can read (it holds a credential).
-pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
+/// Writes a kubeconfig (see [`render`]) to `path`, 0600.
+pub fn write(
+    path: &Path,
+    server: &str,
+    ca_pem: &str,
+    user: &str,
+    credentials: &Credentials,
+) -> std::io::Result<()> {
+    write_private(path, render(server, ca_pem, user, credentials).as_bytes())
 }
 
 #[cfg(test)]
@@ -69,18 +71,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn token_survives_restart_and_is_private() {
-        let d = tempfile::tempdir().unwrap();
-        let a = load_or_create_token(d.path()).unwrap();
-        let b = load_or_create_token(d.path()).unwrap();
-        assert_eq!(a, b);
-        assert_eq!(a.len(), 48);
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(d.path().join("admin-token"))
+    fn kubeconfigs_parse_as_kube_rs_reads_them() {
+        let issued = Issued {
+            cert_pem: "CERT".into(),
+            key_pem: "KEY".into(),
+        };
+        let text = render(
+            "https://127.0.0.1:6443",
+            "CA",
+            "system:node:n1",
+            &Credentials::Certificate(issued),
+        );
+        let kc = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+        let cluster = kc.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(cluster.server.as_deref(), Some("https://127.0.0.1:6443"));
+        assert_eq!(kc.auth_infos[0].name, "system:node:n1");
+        assert!(kc.auth_infos[0]
+            .auth_info
+            .as_ref()
             .unwrap()
-            .permissions()
-            .mode();
+            .client_certificate_data
+            .is_some());
+        let token = render(
+            "https://x",
+            "CA",
+            "bootstrap",
+            &Credentials::Token("a.b".into()),
+        );
+        let kc = kube::config::Kubeconfig::from_yaml(&token).unwrap();
+        assert!(kc.auth_infos[0].auth_info.as_ref().unwrap().token.is_some());
+    }
+
+    #[test]
+    fn files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("kc");
+        write(&p, "https://x", "CA", "u", &Credentials::Token("t".into())).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert!(render("http://127.0.0.1:1", &a).contains(&format!("token: {a}")));
     }
 }

@@ -25,6 +25,8 @@ struct Inner {
     listed: Family<Labels, Counter>,
     watchers: Family<Labels, Gauge>,
     watch_events: Family<Labels, Counter>,
+    handshakes: Family<Labels, Counter>,
+    authentications: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -44,6 +46,18 @@ impl Metrics {
         let listed = Family::<Labels, Counter>::default();
         let watchers = Family::<Labels, Gauge>::default();
         let watch_events = Family::<Labels, Counter>::default();
+        let handshakes = Family::<Labels, Counter>::default();
+        let authentications = Family::<Labels, Counter>::default();
+        registry.register(
+            "tls_handshakes",
+            "TLS handshakes by result (ok, failed, timeout)",
+            handshakes.clone(),
+        );
+        registry.register(
+            "authentications",
+            "Requests authenticated, by result (a credential kind, or unauthorized)",
+            authentications.clone(),
+        );
         registry.register(
             "requests",
             "Requests by verb and HTTP code",
@@ -79,6 +93,8 @@ impl Metrics {
                 listed,
                 watchers,
                 watch_events,
+                handshakes,
+                authentications,
             }),
         }
     }
@@ -132,6 +148,20 @@ impl Metrics {
         self.inner
             .watch_events
             .get_or_create(&vec![("resource", resource.to_string())])
+            .inc();
+    }
+
+    pub fn handshake(&self, result: &'static str) {
+        self.inner
+            .handshakes
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    pub fn authentication(&self, result: &'static str) {
+        self.inner
+            .authentications
+            .get_or_create(&vec![("result", result.to_string())])
             .inc();
     }
 

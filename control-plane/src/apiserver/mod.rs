@@ -1,8 +1,10 @@
 //! The Kubernetes-compatible API server: [`Server::start`] opens the store in a data
 //! directory, loads the watch cache, restores allocations, creates the system namespaces,
-//! writes an admin kubeconfig and serves HTTP until [`RunningServer::shutdown`].
+//! loads or makes the cluster CA and its certificates, writes the admin's and the
+//! components' kubeconfigs and serves HTTPS until [`RunningServer::shutdown`].
 //!
-//! Rooms: `http` (connections, auth, routing), `request` (paths and query options),
+//! Rooms: `http` (connections, TLS, routing), `auth` (authentication: who is calling),
+//! `certs` (the server's certificates and kubeconfigs), `request` (paths and query options),
 //! `negotiate` (content types in and out), `protobuf` (kubectl's protobuf bodies), `handlers`
 //! (get/list/watch/create/update/patch/delete and subresources), `admission` (the admission
 //! chain every write passes), `allocation` (ClusterIP and NodePort allocation), `warning`
@@ -18,6 +20,7 @@ pub mod admission;
 pub mod allocation;
 pub mod auth;
 pub mod authz;
+pub mod certs;
 mod conversion;
 mod discovery;
 mod handlers;
@@ -37,7 +40,7 @@ mod rules;
 mod table;
 mod warning;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,8 +53,13 @@ use tokio_util::sync::CancellationToken;
 
 use self::allocation::cluster_ip::Cidr;
 use self::allocation::Allocator;
+use self::auth::serviceaccount::{self as sa, ServiceAccountTokens};
+use self::auth::token_file::{TokenFile, TokenFileError};
+use self::auth::Authenticator;
+use self::certs::ServerCerts;
 use self::handlers::Ctx;
 use self::metrics::Metrics;
+use crate::pki::{ClientVerifier, PkiError, San};
 use crate::store::cache::{Cache, CacheOptions, CacheSpec};
 use crate::store::redb::RedbOptions;
 use crate::store::{Backend, OpenStore, Precondition, Store, StoreError, WriteOp};
@@ -82,6 +90,30 @@ pub struct Config {
     pub cache_liveness_grace: Duration,
     /// The admission plugins' configuration.
     pub admission: admission::Config,
+    /// TLS (the default) or, for debugging on loopback only, plain HTTP.
+    pub transport: TransportMode,
+    /// The address nodes reach this server at (a SAN of the serving certificate).
+    pub advertise_address: Option<IpAddr>,
+    /// More subject alternative names for the serving certificate.
+    pub tls_sans: Vec<San>,
+    /// Static bearer tokens (`--token-auth-file`, Kubernetes' CSV format).
+    pub token_auth_file: Option<PathBuf>,
+    /// The `iss` of service account tokens.
+    pub service_account_issuer: String,
+    /// The audiences the API accepts tokens for (empty: the issuer).
+    pub api_audiences: Vec<String>,
+    /// The longest lifetime a TokenRequest gets (None: as asked).
+    pub service_account_max_token_expiration: Option<Duration>,
+}
+
+/// How the server accepts connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportMode {
+    /// HTTPS with the cluster CA's serving certificate (client certificates accepted).
+    Tls,
+    /// Plain HTTP, for debugging: only on a loopback address, and still authenticated
+    /// (bearer tokens; no client certificates without TLS).
+    PlainHttp,
 }
 
 impl Config {
@@ -99,6 +131,13 @@ impl Config {
             bookmark_interval: Duration::from_secs(30),
             cache_liveness_grace: Duration::from_secs(120),
             admission: admission::Config::default(),
+            transport: TransportMode::Tls,
+            advertise_address: None,
+            tls_sans: Vec::new(),
+            token_auth_file: None,
+            service_account_issuer: sa::DEFAULT_ISSUER.to_string(),
+            api_audiences: Vec::new(),
+            service_account_max_token_expiration: None,
         }
     }
 }
@@ -117,6 +156,12 @@ pub enum StartError {
         what: String,
         source: std::io::Error,
     },
+    #[error("certificates: {0}")]
+    Pki(#[from] PkiError),
+    #[error("--token-auth-file: {0}")]
+    TokenFile(#[from] TokenFileError),
+    #[error("{0}")]
+    Config(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
@@ -130,7 +175,8 @@ pub struct Server;
 /// A started server.
 pub struct RunningServer {
     addr: SocketAddr,
-    token: String,
+    scheme: &'static str,
+    data_dir: PathBuf,
     kubeconfig: PathBuf,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
@@ -140,6 +186,12 @@ pub struct RunningServer {
 impl Server {
     /// Opens the store, loads the cache and starts serving.
     pub async fn start(config: Config) -> Result<RunningServer, StartError> {
+        if config.transport == TransportMode::PlainHttp && !config.listen.ip().is_loopback() {
+            return Err(StartError::Config(format!(
+                "plain HTTP is for debugging on a loopback address only, not {}",
+                config.listen
+            )));
+        }
         std::fs::create_dir_all(&config.data_dir)
             .map_err(io(format!("creating {}", config.data_dir.display())))?;
         let store = OpenStore::open(&config.store, &config.data_dir, config.store_history).await?;
@@ -165,6 +217,30 @@ impl Server {
         .await?;
         let allocator = Allocator::new(config.service_cidr, config.node_ports.clone());
         restore_allocations(&cache, &allocator)?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(io(format!("listening on {}", config.listen)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io("reading the listen address"))?;
+        let sans = certs::serving_sans(
+            addr,
+            config.advertise_address,
+            config.service_cidr.first_host(),
+            &config.tls_sans,
+        );
+        let pki = ServerCerts::prepare(&config.data_dir, sans)?;
+        let service_accounts = Arc::new(ServiceAccountTokens::load_or_create(
+            &certs::pki_dir(&config.data_dir),
+            &config.service_account_issuer,
+            config.api_audiences.clone(),
+            config.service_account_max_token_expiration,
+        )?);
+        let token_file = match &config.token_auth_file {
+            Some(path) => TokenFile::load(path)?,
+            None => TokenFile::default(),
+        };
+        let authenticator = Authenticator::new(token_file, service_accounts, cache.clone());
         let shutdown = CancellationToken::new();
         authz::bootstrap::reconcile(shared.as_ref()).await?;
         let authz = authz::Authorizer::new(&cache);
@@ -186,34 +262,49 @@ impl Server {
             metrics: Metrics::new(),
             bookmark_interval: config.bookmark_interval,
             cache_liveness_grace: config.cache_liveness_grace,
+            authenticator,
         });
         ensure_namespaces(shared.as_ref()).await?;
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(io(format!("listening on {}", config.listen)))?;
-        let addr = listener
-            .local_addr()
-            .map_err(io("reading the listen address"))?;
-        let token =
-            kubeconfig::load_or_create_token(&config.data_dir).map_err(io("the admin token"))?;
+        let scheme = match config.transport {
+            TransportMode::Tls => "https",
+            TransportMode::PlainHttp => "http",
+        };
+        let server_url = format!("{scheme}://{}", client_addr(addr));
         let kubeconfig_path = config
             .kubeconfig
             .clone()
             .unwrap_or_else(|| config.data_dir.join("kubeconfig"));
-        let server_url = format!("http://{}", client_addr(addr));
-        kubeconfig::write_private(
+        pki.write_kubeconfig(
             &kubeconfig_path,
-            kubeconfig::render(&server_url, &token).as_bytes(),
-        )
-        .map_err(io(format!("writing {}", kubeconfig_path.display())))?;
-        let auth = Arc::new(http::Auth {
-            token: token.clone(),
-        });
-        let task = tokio::spawn(http::serve(listener, ctx, auth));
-        tracing::info!(%addr, kubeconfig = %kubeconfig_path.display(), "API server serving");
+            &server_url,
+            certs::ADMIN_USER,
+            Some(certs::MASTERS_GROUP),
+        )?;
+        for (file, user) in [
+            (
+                CONTROLLER_MANAGER_KUBECONFIG,
+                certs::CONTROLLER_MANAGER_USER,
+            ),
+            (SCHEDULER_KUBECONFIG, certs::SCHEDULER_USER),
+        ] {
+            pki.write_kubeconfig(&config.data_dir.join(file), &server_url, user, None)?;
+        }
+        let transport = match config.transport {
+            TransportMode::Tls => http::Transport::Tls {
+                config: crate::pki::tls::server_config(
+                    &pki.serving.cert_pem,
+                    &pki.serving.key_pem,
+                )?,
+                clients: ClientVerifier::new(pki.ca.cert_der())?,
+            },
+            TransportMode::PlainHttp => http::Transport::Plain,
+        };
+        let task = tokio::spawn(http::serve(listener, ctx, transport));
+        tracing::info!(%addr, %scheme, kubeconfig = %kubeconfig_path.display(), "API server serving");
         Ok(RunningServer {
             addr,
-            token,
+            scheme,
+            data_dir: config.data_dir.clone(),
             kubeconfig: kubeconfig_path,
             shutdown,
             task,
@@ -221,6 +312,11 @@ impl Server {
         })
     }
 }
+
+/// The controller manager's kubeconfig in the data directory.
+pub const CONTROLLER_MANAGER_KUBECONFIG: &str = "controller-manager.kubeconfig";
+/// The scheduler's kubeconfig in the data directory.
+pub const SCHEDULER_KUBECONFIG: &str = "scheduler.kubeconfig";
 
 /// The address clients should dial: a wildcard listen address is reached over loopback.
 fn client_addr(addr: SocketAddr) -> SocketAddr {
@@ -237,14 +333,19 @@ impl RunningServer {
         self.addr
     }
 
-    /// `http://<addr>`
+    /// `https://<addr>` (`http://` with plain HTTP).
     pub fn url(&self) -> String {
-        format!("http://{}", client_addr(self.addr))
+        format!("{}://{}", self.scheme, client_addr(self.addr))
     }
 
-    /// The admin bearer token.
-    pub fn token(&self) -> &str {
-        &self.token
+    /// The data directory (its `pki/` holds the CA, for tests that make credentials).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The kubeconfig `control-plane server` runs a component with.
+    pub fn component_kubeconfig(&self, file: &str) -> PathBuf {
+        self.data_dir.join(file)
     }
 
     /// The admin kubeconfig the server wrote.

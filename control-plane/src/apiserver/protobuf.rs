@@ -9,6 +9,7 @@ use k8s_openapi::ByteString;
 use k8s_pb::api::apps::v1 as apps;
 use k8s_pb::api::authorization::v1 as authorization;
 use k8s_pb::api::batch::v1 as batch;
+use k8s_pb::api::authentication::v1 as authn;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::api::policy::v1 as policy;
 use k8s_pb::api::rbac::v1 as rbac;
@@ -141,6 +142,47 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                 ("metadata", Some(object_meta(r.metadata))),
                 ("spec", Some(obj(vec![("namespace", namespace)]))),
             ])
+        }
+        ("authentication.k8s.io/v1", "TokenRequest") => {
+            let t = authn::TokenRequest::decode(&*bytes).map_err(bad)?;
+            let spec = t.spec.unwrap_or_default();
+            let bound = spec.bound_object_ref.map(|b| {
+                obj(vec![
+                    ("kind", s(b.kind)),
+                    ("apiVersion", s(b.api_version)),
+                    ("name", s(b.name)),
+                    ("uid", s(b.u_id)),
+                ])
+            });
+            obj(vec![
+                ("metadata", Some(object_meta(t.metadata))),
+                (
+                    "spec",
+                    Some(obj(vec![
+                        ("audiences", strings(spec.audiences)),
+                        ("expirationSeconds", n(spec.expiration_seconds)),
+                        ("boundObjectRef", bound),
+                    ])),
+                ),
+            ])
+        }
+        ("authentication.k8s.io/v1", "TokenReview") => {
+            let t = authn::TokenReview::decode(&*bytes).map_err(bad)?;
+            let spec = t.spec.unwrap_or_default();
+            obj(vec![
+                ("metadata", Some(object_meta(t.metadata))),
+                (
+                    "spec",
+                    Some(obj(vec![
+                        ("token", s(spec.token)),
+                        ("audiences", strings(spec.audiences)),
+                    ])),
+                ),
+            ])
+        }
+        ("authentication.k8s.io/v1", "SelfSubjectReview") => {
+            let r = authn::SelfSubjectReview::decode(&*bytes).map_err(bad)?;
+            obj(vec![("metadata", Some(object_meta(r.metadata)))])
         }
         ("v1", "ServiceAccount") => {
             let sa = core::ServiceAccount::decode(&*bytes).map_err(bad)?;

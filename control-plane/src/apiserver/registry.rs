@@ -28,6 +28,9 @@ pub enum Subresource {
     /// `pods/proxy`, `services/proxy`, `nodes/proxy`: any HTTP request relayed to the pod, a
     /// ready endpoint of the service, or the node agent (`kubectl proxy`, `get --raw`).
     Proxy,
+    /// `serviceaccounts/token`: an authentication.k8s.io/v1 TokenRequest, answered with a
+    /// bound service account token (`kubectl create token`).
+    Token,
 }
 
 impl Subresource {
@@ -43,6 +46,7 @@ impl Subresource {
             Subresource::PortForward => "portforward",
             Subresource::EphemeralContainers => "ephemeralcontainers",
             Subresource::Proxy => "proxy",
+            Subresource::Token => "token",
         }
     }
 }
@@ -387,7 +391,7 @@ pub static RESOURCES: &[Resource] = &[
         scope: Scope::Namespaced,
         short_names: &["sa"],
         categories: NONE,
-        subresources: &[],
+        subresources: &[Token],
         fields: NONE,
         indexed: &["metadata.namespace"],
         status_on_create: StatusOnCreate::Keep,
@@ -612,6 +616,38 @@ pub static RESOURCES: &[Resource] = &[
         status_on_create: StatusOnCreate::Keep,
         storage: Storage::View(&EVENTS_V1),
         schema: schema::<k8s_openapi::api::events::v1::Event>(),
+    },
+    Resource {
+        group: "authentication.k8s.io",
+        version: "v1",
+        kind: "TokenReview",
+        plural: "tokenreviews",
+        singular: "tokenreview",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::None,
+        schema: schema::<k8s_openapi::api::authentication::v1::TokenReview>(),
+    },
+    Resource {
+        group: "authentication.k8s.io",
+        version: "v1",
+        kind: "SelfSubjectReview",
+        plural: "selfsubjectreviews",
+        singular: "selfsubjectreview",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::None,
+        schema: schema::<k8s_openapi::api::authentication::v1::SelfSubjectReview>(),
     },
     Resource {
         group: "rbac.authorization.k8s.io",

@@ -15,6 +15,7 @@ pub mod process;
 pub mod relay;
 pub mod state;
 
+use crate::kubeconfig::KubeconfigAccess;
 use crate::kubectl::Kubectl;
 use crate::netns::NetNs;
 use network::Subnet;
@@ -146,16 +147,6 @@ fn io_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error 
     move |e| Error::new(format!("{what}: {e}"))
 }
 
-/// The `server:` of a kubeconfig written by the control plane, and its token.
-fn kubeconfig_server_and_token(path: &Path) -> Option<(String, String)> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.trim().strip_prefix(key).map(|v| v.trim().to_string()))
-    };
-    Some((field("server:")?, field("token:")?))
-}
-
 /// Waits for `probe` with a deadline: [`crate::wait::try_wait_until`] with this module's
 /// error.
 fn wait_for<T>(
@@ -164,14 +155,6 @@ fn wait_for<T>(
     probe: impl FnMut() -> Result<T, String>,
 ) -> Result<T, Error> {
     crate::wait::try_wait_until(what, timeout, probe).map_err(Error::new)
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(5)))
-        .build()
-        .into()
 }
 
 impl Cluster {
@@ -297,6 +280,10 @@ impl Cluster {
             .arg(format!("127.0.0.1:{}", spec.api_port))
             .arg("--write-kubeconfig")
             .arg(&kubeconfig)
+            // Nodes reach the API server at the bridge's address (through the relay): a
+            // name its serving certificate must carry.
+            .arg("--advertise-address")
+            .arg(spec.subnet.host().to_string())
             // Port 0: several clusters (and other tests) on one machine never collide.
             .args([
                 "--controller-manager-bind-address",
@@ -316,26 +303,25 @@ impl Cluster {
         self.state.control_plane = Some(pid);
         self.save()?;
         let program = process::program_name(&spec.binaries.control_plane);
-        let (server, _) = wait_for("the control plane's kubeconfig", READY_TIMEOUT, || {
+        let access = wait_for("the control plane's kubeconfig", READY_TIMEOUT, || {
             if !process::alive(pid, &program) {
                 return Err(format!(
                     "control-plane exited; see {}",
                     self.log("control-plane").display()
                 ));
             }
-            kubeconfig_server_and_token(&kubeconfig).ok_or_else(|| "not written yet".into())
+            KubeconfigAccess::read(&kubeconfig)
         })?;
+        let server = &access.server;
         let addr: SocketAddr = server
-            .trim_start_matches("http://")
+            .trim_start_matches("https://")
             .parse()
             .map_err(|e| Error::new(format!("server {server}: {e}")))?;
         self.state.api = Some(addr);
-        let agent = agent();
         wait_for("the API server /readyz", READY_TIMEOUT, || {
-            match agent.get(format!("http://{addr}/readyz")).call() {
-                Ok(r) if r.status() == 200 => Ok(()),
-                Ok(r) => Err(format!("status {}", r.status())),
-                Err(e) => Err(e.to_string()),
+            match access.get("/readyz", Duration::from_secs(5))? {
+                (200, _) => Ok(()),
+                (code, body) => Err(format!("status {code}: {body}")),
             }
         })
     }
@@ -403,7 +389,7 @@ impl Cluster {
             .map(|l| match l.trim_start().strip_prefix("server:") {
                 Some(_) => {
                     let indent = &l[..l.len() - l.trim_start().len()];
-                    format!("{indent}server: http://{api_relay}\n")
+                    format!("{indent}server: https://{api_relay}\n")
                 }
                 None => format!("{l}\n"),
             })
@@ -531,21 +517,13 @@ impl Cluster {
 
     /// GET on the API server as the admin; the JSON body.
     pub fn api_get(&self, path: &str) -> Result<serde_json::Value, Error> {
-        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
-        let (_, token) = kubeconfig_server_and_token(&self.kubeconfig())
-            .ok_or_else(|| Error::new("no admin kubeconfig"))?;
-        let mut r = agent()
-            .get(format!("http://{api}{path}"))
-            .header("Authorization", format!("Bearer {token}"))
-            .call()
-            .map_err(|e| Error::new(format!("GET {path}: {e}")))?;
-        if r.status() != 200 {
-            return Err(Error::new(format!("GET {path}: {}", r.status())));
+        let access = KubeconfigAccess::read(&self.kubeconfig()).map_err(Error::new)?;
+        let (code, text) = access
+            .get(path, Duration::from_secs(5))
+            .map_err(Error::new)?;
+        if code != 200 {
+            return Err(Error::new(format!("GET {path}: {code}")));
         }
-        let text = r
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| Error::new(format!("GET {path}: {e}")))?;
         serde_json::from_str(&text).map_err(|e| Error::new(format!("GET {path}: {e}")))
     }
 

@@ -1,7 +1,7 @@
 //! A TCP relay: the control plane and the registry listen on loopback only, and nodes in
-//! their own network namespaces reach them at the host bridge's address through it. Loopback
-//! keeps the API server's "no token from loopback" rule for the admin's kubectl and keeps
-//! both services off every other interface of the machine.
+//! their own network namespaces reach them at the host bridge's address through it, which
+//! keeps both services off every other interface of the machine. The relay copies bytes:
+//! TLS runs end to end between the nodes and the API server.
 
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -32,52 +32,36 @@ pub struct Opts {
 const NODE: &str = "bench-node";
 const SLO: Duration = Duration::from_secs(5);
 
-/// A small client for the API server's REST interface (bearer token from the kubeconfig).
+/// A small client for the API server's REST interface (the kubeconfig's CA and client
+/// certificate).
 struct Api {
     url: String,
-    token: String,
     http: ureq::Agent,
 }
 
 impl Api {
     fn new(url: &str, kubeconfig: &std::path::Path) -> Result<Api> {
-        let text = std::fs::read_to_string(kubeconfig)?;
-        let token = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("token: "))
-            .context("no token in the kubeconfig")?
-            .trim_matches('"')
-            .to_string();
-        let http = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(600)))
-            .build()
-            .into();
+        let http = skiff_tests::kubeconfig::KubeconfigAccess::read(kubeconfig)
+            .and_then(|a| a.agent(Duration::from_secs(600)))
+            .map_err(anyhow::Error::msg)?;
         Ok(Api {
             url: url.to_string(),
-            token,
             http,
         })
     }
 
     fn call(&self, method: &str, path: &str, body: Option<(&str, Value)>) -> Result<(u16, Value)> {
         let url = format!("{}{path}", self.url);
-        let auth = format!("Bearer {}", self.token);
         let resp = match (method, body) {
-            ("GET", _) => self.http.get(&url).header("Authorization", &auth).call()?,
-            ("DELETE", _) => self
-                .http
-                .delete(&url)
-                .header("Authorization", &auth)
-                .call()?,
+            ("GET", _) => self.http.get(&url).call()?,
+            ("DELETE", _) => self.http.delete(&url).call()?,
             (m, Some((ctype, b))) => {
                 let req = if m == "PATCH" {
                     self.http.patch(&url)
                 } else {
                     self.http.post(&url)
                 };
-                req.header("Authorization", &auth)
-                    .header("Content-Type", ctype)
+                req.header("Content-Type", ctype)
                     .send(serde_json::to_vec(&b)?)?
             }
             (m, None) => bail!("{m} needs a body"),
@@ -101,11 +85,7 @@ fn watch_pods(api: &Api, seen: Arc<Mutex<Seen>>) -> Result<()> {
         "{}/api/v1/namespaces/default/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE}&timeoutSeconds=3600",
         api.url
     );
-    let resp = api
-        .http
-        .get(&url)
-        .header("Authorization", &format!("Bearer {}", api.token))
-        .call()?;
+    let resp = api.http.get(&url).call()?;
     std::thread::spawn(move || {
         let reader = std::io::BufReader::new(resp.into_body().into_reader());
         for line in reader.lines().map_while(Result::ok) {

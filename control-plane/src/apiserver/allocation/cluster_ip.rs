@@ -18,6 +18,11 @@ impl Cidr {
         "IPv4"
     }
 
+    /// The range's first address after the network's: the `kubernetes` Service's.
+    pub fn first_host(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.0.network()).wrapping_add(1))
+    }
+
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         self.0.contains(&ip)
     }

@@ -1,6 +1,17 @@
 //! Who is calling: authentication turns a request's credentials into a [`UserInfo`], the
 //! identity that authorization, admission and the audit log see. Kubernetes' user.Info:
 //! a name, a uid, groups and extra attributes.
+//!
+//! Rooms: `authenticator` (the union of authenticators a request passes), `token_file`
+//! (`--token-auth-file`), `bootstrap` (bootstrap tokens), `serviceaccount` (bound service
+//! account JWTs: issuing for TokenRequest, verifying).
+
+pub mod authenticator;
+pub mod bootstrap;
+pub mod serviceaccount;
+pub mod token_file;
+
+pub use authenticator::{Authenticator, AuthnError, ClientCert};
 
 use std::collections::BTreeMap;
 

@@ -2,6 +2,7 @@
 //! create, update, patch, delete or deletecollection, on the main resource or a subresource.
 //! Shared here: the server state the handlers use ([`Ctx`]) and the dispatch by method.
 
+mod authentication;
 mod delete;
 mod kubelet;
 mod proxy;
@@ -52,6 +53,8 @@ pub struct Ctx {
     pub bookmark_interval: Duration,
     /// How long the watch cache may fail to follow the store before /livez fails.
     pub cache_liveness_grace: Duration,
+    /// Who is calling: the authenticators (also TokenReview's and TokenRequest's).
+    pub authenticator: super::auth::Authenticator,
 }
 
 impl Ctx {
@@ -268,6 +271,9 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
         (_, Some(n), Some(Subresource::Proxy)) => proxy_subresource::proxy(ctx, &call, &n).await,
         (Method::POST, Some(n), Some(Subresource::Binding)) => {
             subresources::bind(ctx, &call, Some(&n)).await
+        }
+        (Method::POST, Some(n), Some(Subresource::Token)) => {
+            authentication::token_request(ctx, &call, &n).await
         }
         (m, _, _) => Err(ApiError::method_not_allowed(format!(
             "the server does not allow this method on the requested resource ({m})"

@@ -1,0 +1,146 @@
+//! The API server's certificates and the kubeconfigs it writes at start, under
+//! `<data-dir>/pki` (every file 0600, never in git):
+//!
+//! - `ca.crt`, `ca.key`: the cluster CA, made on first start and kept.
+//! - `apiserver.crt`, `apiserver.key`: the serving certificate, made again at every start
+//!   (so its SANs always follow the flags): loopback, the listen and advertise addresses,
+//!   `--tls-san`s, `kubernetes`, `kubernetes.default`, `kubernetes.default.svc`,
+//!   `kubernetes.default.svc.cluster.local` and the first service IP.
+//! - `apiserver-kubelet-client.crt`, `.key`: the identity of the API server's calls to node
+//!   agents (`kube-apiserver-kubelet-client`).
+//! - `sa.key`: the service account token signing key (`auth::serviceaccount`).
+//!
+//! Kubeconfigs (client certificates, one year): the admin's (`system:masters`) where
+//! `--write-kubeconfig` says, and `controller-manager.kubeconfig`
+//! (`system:kube-controller-manager`) and `scheduler.kubeconfig` (`system:kube-scheduler`)
+//! in the data directory, which `control-plane server` runs its components with.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::kubeconfig::{self, Credentials};
+use crate::pki::{Ca, CertSpec, Issued, PkiError, San};
+
+/// How long the serving and client certificates made here are valid.
+pub const LEAF_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The DNS names of the in-cluster `kubernetes` Service.
+pub const SERVICE_NAMES: &[&str] = &[
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
+
+/// The user of the API server's calls to node agents.
+pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
+/// The admin's user and group.
+pub const ADMIN_USER: &str = "kubernetes-admin";
+pub const MASTERS_GROUP: &str = "system:masters";
+/// The controller manager's and scheduler's users.
+pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+pub const SCHEDULER_USER: &str = "system:kube-scheduler";
+
+/// The PKI directory of a data directory.
+pub fn pki_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("pki")
+}
+
+/// What the server made of its PKI at start.
+pub struct ServerCerts {
+    pub ca: Ca,
+    pub serving: Issued,
+    pub kubelet_client: Issued,
+}
+
+/// The SANs of the serving certificate.
+pub fn serving_sans(
+    listen: SocketAddr,
+    advertise: Option<IpAddr>,
+    first_service_ip: Ipv4Addr,
+    extra: &[San],
+) -> Vec<San> {
+    let mut sans: Vec<San> = vec![
+        San::Ip(Ipv4Addr::LOCALHOST.into()),
+        San::Ip(Ipv6Addr::LOCALHOST.into()),
+        San::Dns("localhost".into()),
+        San::Ip(first_service_ip.into()),
+    ];
+    if !listen.ip().is_unspecified() {
+        sans.push(San::Ip(listen.ip()));
+    }
+    sans.extend(advertise.map(San::Ip));
+    sans.extend(SERVICE_NAMES.iter().map(|n| San::Dns(n.to_string())));
+    sans.extend(extra.iter().cloned());
+    let mut seen = std::collections::HashSet::new();
+    sans.retain(|s| seen.insert(s.clone()));
+    sans
+}
+
+impl ServerCerts {
+    /// Loads (or creates) the CA and makes the serving and kubelet-client certificates.
+    pub fn prepare(data_dir: &Path, sans: Vec<San>) -> Result<ServerCerts, PkiError> {
+        let dir = pki_dir(data_dir);
+        let ca = Ca::load_or_create(&dir)?;
+        let serving = ca.issue(&CertSpec::server("kube-apiserver", sans, LEAF_VALIDITY))?;
+        serving.write(&dir, "apiserver")?;
+        let kubelet_client =
+            ca.issue(&CertSpec::client(KUBELET_CLIENT_USER, None, LEAF_VALIDITY))?;
+        kubelet_client.write(&dir, "apiserver-kubelet-client")?;
+        Ok(ServerCerts {
+            ca,
+            serving,
+            kubelet_client,
+        })
+    }
+
+    /// Writes a kubeconfig for `server` as `user` in `group`, with a new client certificate.
+    pub fn write_kubeconfig(
+        &self,
+        path: &Path,
+        server: &str,
+        user: &str,
+        group: Option<&str>,
+    ) -> Result<(), PkiError> {
+        let issued = self
+            .ca
+            .issue(&CertSpec::client(user, group, LEAF_VALIDITY))?;
+        kubeconfig::write(
+            path,
+            server,
+            self.ca.cert_pem(),
+            user,
+            &Credentials::Certificate(issued),
+        )
+        .map_err(PkiError::io(format!("writing {}", path.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_sans_cover_loopback_the_service_and_the_flags() {
+        let sans = serving_sans(
+            "0.0.0.0:6443".parse().unwrap(),
+            Some("10.249.0.1".parse().unwrap()),
+            "10.96.0.1".parse().unwrap(),
+            &["api.example".parse().unwrap(), "127.0.0.1".parse().unwrap()],
+        );
+        let text: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+        for want in [
+            "127.0.0.1",
+            "::1",
+            "10.96.0.1",
+            "10.249.0.1",
+            "kubernetes.default.svc.cluster.local",
+            "api.example",
+        ] {
+            assert!(text.iter().any(|t| t == want), "{want} in {text:?}");
+        }
+        assert!(!text.iter().any(|t| t == "0.0.0.0"));
+        assert_eq!(text.iter().filter(|t| *t == "127.0.0.1").count(), 1);
+    }
+}
