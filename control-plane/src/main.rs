@@ -4,6 +4,7 @@
 //! `control-plane controller-manager --kubeconfig PATH`
 //! `control-plane scheduler --kubeconfig PATH`
 //! `control-plane server --data-dir DIR --listen ADDR --write-kubeconfig PATH [--disable ...]`
+//! `control-plane kubeconfig --data-dir DIR --user NAME [--group G] --out PATH`
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +44,9 @@ enum Command {
     /// Back up the cluster's state, or restore it (see README: backups).
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Write a kubeconfig for a user with a new client certificate from the cluster CA
+    /// (CN = the user, O = the group), as `kubeadm kubeconfig user` does.
+    Kubeconfig(KubeconfigArgs),
 }
 
 #[derive(Subcommand)]
@@ -94,6 +98,28 @@ struct EtcdMemberArgs {
     /// The restored cluster's token (a new one, so it never joins the old cluster).
     #[arg(long, default_value = "skiff-restored")]
     initial_cluster_token: String,
+}
+
+#[derive(Args)]
+struct KubeconfigArgs {
+    /// The control plane's data directory (its `pki/` holds the CA).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The user name (the certificate's CN).
+    #[arg(long)]
+    user: String,
+    /// The user's group (the certificate's O).
+    #[arg(long)]
+    group: Option<String>,
+    /// The API server's URL as the user reaches it.
+    #[arg(long, default_value = "https://127.0.0.1:6443")]
+    server: String,
+    /// How long the certificate is valid (a Go duration).
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    validity: Duration,
+    /// Where to write the kubeconfig (0600).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -274,6 +300,7 @@ fn main() -> Result<()> {
         Command::Scheduler(a) => rt.block_on(scheduler(a)),
         Command::Server(a) => rt.block_on(server(*a)),
         Command::Snapshot(c) => rt.block_on(snapshot(c)),
+        Command::Kubeconfig(a) => user_kubeconfig(a),
     }
 }
 
@@ -324,6 +351,25 @@ async fn apiserver(a: ApiserverArgs) -> Result<()> {
     }
     stop.cancel();
     server.shutdown().await;
+    Ok(())
+}
+
+fn user_kubeconfig(a: KubeconfigArgs) -> Result<()> {
+    use control_plane::apiserver::kubeconfig::{self, Credentials};
+    use control_plane::pki::{Ca, CertSpec};
+    let pki = control_plane::apiserver::certs::pki_dir(&a.data_dir);
+    let ca = Ca::load(&pki.join("ca.crt"), &pki.join("ca.key"))
+        .context("the cluster CA (run the control plane once first)")?;
+    let issued = ca.issue(&CertSpec::client(&a.user, a.group.as_deref(), a.validity))?;
+    kubeconfig::write(
+        &a.out,
+        &a.server,
+        ca.cert_pem(),
+        &a.user,
+        &Credentials::Certificate(issued),
+    )
+    .with_context(|| format!("writing {}", a.out.display()))?;
+    println!("{}", a.out.display());
     Ok(())
 }
 

@@ -194,7 +194,15 @@ async fn two_controller_managers_never_both_act() {
         holder(&leases).await.filter(|h| *h != first).ok_or(())
     })
     .await;
-    assert!(standby.log().contains(&format!("identity={second}")));
+    // As for the first leader: the Lease names the new holder before its log line is written.
+    wait_until_async("the standby's log names it the holder", WAIT, || async {
+        standby
+            .log()
+            .contains(&format!("identity={second}"))
+            .then_some(())
+            .ok_or(())
+    })
+    .await;
     deployments
         .patch_scale(
             "web",
