@@ -270,6 +270,18 @@ async fn service_account_tokens_from_kubectl_create_token_live_and_die_with_thei
             "system:authenticated"
         ])
     );
+    // Authenticated but granted nothing: 403, not 401; granted view, the same request is 200.
+    assert_eq!(
+        f.status(&sa, "GET", "/api/v1/namespaces/default/configmaps", None),
+        403
+    );
+    admin.ok(&[
+        "create",
+        "rolebinding",
+        "builder-view",
+        "--clusterrole=view",
+        "--serviceaccount=default:builder",
+    ]);
     assert_eq!(
         f.status(&sa, "GET", "/api/v1/namespaces/default/configmaps", None),
         200
@@ -400,7 +412,8 @@ async fn an_expired_service_account_token_is_refused() {
             ..claims
         }),
     );
-    assert_eq!(f.status(&fresh, "GET", "/api/v1/namespaces", None), 200);
+    // (Discovery: what every authenticated user may read.)
+    assert_eq!(f.status(&fresh, "GET", "/api/v1", None), 200);
     f.server.shutdown().await;
 }
 

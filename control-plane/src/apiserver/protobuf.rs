@@ -7,9 +7,9 @@
 
 use k8s_openapi::ByteString;
 use k8s_pb::api::apps::v1 as apps;
+use k8s_pb::api::authentication::v1 as authn;
 use k8s_pb::api::authorization::v1 as authorization;
 use k8s_pb::api::batch::v1 as batch;
-use k8s_pb::api::authentication::v1 as authn;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::api::policy::v1 as policy;
 use k8s_pb::api::rbac::v1 as rbac;
