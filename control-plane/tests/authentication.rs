@@ -270,16 +270,24 @@ async fn service_account_tokens_from_kubectl_create_token_live_and_die_with_thei
             "system:authenticated"
         ])
     );
-    // Authenticated but granted nothing: 403, not 401; granted view, the same request is 200.
+    // Authenticated but granted nothing: 403, not 401; granted the list, the same request is
+    // 200.
     assert_eq!(
         f.status(&sa, "GET", "/api/v1/namespaces/default/configmaps", None),
         403
     );
     admin.ok(&[
         "create",
+        "role",
+        "configmap-reader",
+        "--verb=list",
+        "--resource=configmaps",
+    ]);
+    admin.ok(&[
+        "create",
         "rolebinding",
-        "builder-view",
-        "--clusterrole=view",
+        "builder-reads",
+        "--role=configmap-reader",
         "--serviceaccount=default:builder",
     ]);
     assert_eq!(
