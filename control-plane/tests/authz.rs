@@ -70,7 +70,14 @@ impl Fixture {
             leader_election: None,
             ops_listen: None,
         };
-        let m = ControllerManager::start(self.admin.clone(), config, token.clone())
+        // As the controller manager, not the admin: aggregation needs its own rights.
+        let server = self.server.as_ref().expect("the server runs");
+        let client = control_plane::runtime::client::from_kubeconfig(
+            &server.component_kubeconfig(control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG),
+        )
+        .await
+        .unwrap();
+        let m = ControllerManager::start(client, config, token.clone())
             .await
             .unwrap();
         self.controllers = Some((m, token));

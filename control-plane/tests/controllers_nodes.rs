@@ -56,7 +56,7 @@ async fn nodes_get_distinct_pod_cidrs_that_survive_a_restart() {
     // A restarted controller-manager derives what is taken from the Nodes.
     c.stop_controllers().await;
     c.start_controllers(fast_settings()).await;
-    let extra = Nodes::start(c.client.clone(), &["node-4"]).await;
+    let extra = Nodes::start(c.client.clone(), &c.node_credentials(), &["node-4"]).await;
     let n4 = wait_until_async("node-4's CIDR", WAIT, || async {
         nodes
             .get("node-4")
@@ -316,7 +316,7 @@ async fn a_daemon_set_runs_one_pod_per_eligible_node_and_rolls_within_max_unavai
     assert_eq!(ds.status.unwrap().number_available, Some(2));
 
     // A new node gets its pod.
-    let extra = Nodes::start(c.client.clone(), &["node-4"]).await;
+    let extra = Nodes::start(c.client.clone(), &c.node_credentials(), &["node-4"]).await;
     wait_until_async("a pod on node-4", WAIT, || async {
         let by = ds_pods_by_node(&c, "agent").await;
         by.contains_key("node-4").then_some(()).ok_or(by.len())

@@ -9,7 +9,7 @@ mod controllers_support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use controllers_support::{deployment, http_get, metric, Cluster, Nodes, Process};
+use controllers_support::{deployment, http_get, metric, Cluster, NodeCredentials, Nodes, Process};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -47,6 +47,14 @@ async fn start_server(dir: &Path, extra: &[&str]) -> (Process, kube::Client, Pat
     })
     .await;
     (server, client, kubeconfig)
+}
+
+/// Played nodes' identities from the CA of the server [`start_server`] started under `dir`.
+fn node_credentials(dir: &Path) -> NodeCredentials {
+    NodeCredentials {
+        data_dir: dir.join("data"),
+        admin_kubeconfig: dir.join("kubeconfig"),
+    }
 }
 
 /// `kubectl rollout status`; on failure the ReplicaSets, pods and the server's last log lines
@@ -95,7 +103,13 @@ async fn creators(c: &Cluster) -> Vec<String> {
 #[tokio::test]
 async fn two_controller_managers_never_both_act() {
     let c = Cluster::api_only().await;
-    let kubeconfig = c.server().kubeconfig_path().to_str().unwrap().to_string();
+    // Each as the controller manager, not the admin.
+    let kubeconfig = c
+        .server()
+        .component_kubeconfig(control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG)
+        .to_str()
+        .unwrap()
+        .to_string();
     let args = [
         "controller-manager",
         "--kubeconfig",
@@ -254,7 +268,12 @@ async fn the_all_in_one_server_rolls_out_and_back_with_kubectl() {
     let dir = tempfile::tempdir().unwrap();
     let (mut server, client, kubeconfig) =
         start_server(dir.path(), &["--scheduler-bind-address", "127.0.0.1:0"]).await;
-    let nodes = Nodes::start(client.clone(), &["node-1", "node-2"]).await;
+    let nodes = Nodes::start(
+        client.clone(),
+        &node_credentials(dir.path()),
+        &["node-1", "node-2"],
+    )
+    .await;
     let k = Kubectl::new(&kubeconfig, dir.path());
     k.ok(&[
         "create",
@@ -366,7 +385,7 @@ async fn with_the_scheduler_disabled_pods_stay_pending() {
     let dir = tempfile::tempdir().unwrap();
     let (mut server, client, kubeconfig) =
         start_server(dir.path(), &["--disable", "scheduler"]).await;
-    let nodes = Nodes::start(client.clone(), &["node-1"]).await;
+    let nodes = Nodes::start(client.clone(), &node_credentials(dir.path()), &["node-1"]).await;
     let k = Kubectl::new(&kubeconfig, dir.path());
     k.ok(&[
         "create",

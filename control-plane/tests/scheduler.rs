@@ -25,7 +25,10 @@ const WAIT: Duration = Duration::from_secs(30);
 
 struct Fixture {
     server: RunningServer,
+    /// The admin's.
     client: Client,
+    /// The scheduler's own (system:kube-scheduler).
+    scheduler_client: Client,
     dir: tempfile::TempDir,
 }
 
@@ -59,9 +62,15 @@ impl Fixture {
         let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
             .await
             .unwrap();
+        let scheduler_client = control_plane::runtime::client::from_kubeconfig(
+            &server.component_kubeconfig(control_plane::apiserver::SCHEDULER_KUBECONFIG),
+        )
+        .await
+        .unwrap();
         Fixture {
             server,
             client,
+            scheduler_client,
             dir,
         }
     }
@@ -69,7 +78,11 @@ impl Fixture {
     fn scheduler(&self, config: Config) -> Running {
         let token = CancellationToken::new();
         let metrics = config.metrics.clone();
-        let task = tokio::spawn(scheduler::run(self.client.clone(), config, token.clone()));
+        let task = tokio::spawn(scheduler::run(
+            self.scheduler_client.clone(),
+            config,
+            token.clone(),
+        ));
         Running {
             token,
             task: Some(task),

@@ -119,8 +119,10 @@ async fn the_scheduler_process_binds_serves_metrics_and_survives_a_restart() {
         }
     };
 
+    // The scheduler as itself (system:kube-scheduler), not the admin.
+    let identity = server.component_kubeconfig(control_plane::apiserver::SCHEDULER_KUBECONFIG);
     let port = free_port();
-    let mut p = start(server.kubeconfig_path(), port);
+    let mut p = start(&identity, port);
     pods.create(&PostParams::default(), &pod("first"))
         .await
         .unwrap();
@@ -147,7 +149,7 @@ async fn the_scheduler_process_binds_serves_metrics_and_survives_a_restart() {
 
     // A new process learns from the watch that `first` holds its node's only cpu.
     let port = free_port();
-    p = start(server.kubeconfig_path(), port);
+    p = start(&identity, port);
     pods.create(&PostParams::default(), &pod("second"))
         .await
         .unwrap();

@@ -6,10 +6,17 @@
 //! and started again.
 //!
 //! Pods are bound by the real scheduler (`control_plane::scheduler::run`), in-process too.
+//!
+//! Every component acts with its own identity, as in a cluster: the controllers as
+//! `system:kube-controller-manager`, the scheduler as `system:kube-scheduler` (the kubeconfigs
+//! the server writes), each played node as `system:node:<name>` with a client certificate
+//! from the cluster CA, so the tests pass only if RBAC and the Node authorizer let each do
+//! its work. The test's own client is the admin.
 
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,7 +49,10 @@ pub const EXIT_CODE: &str = "skiff.test/exit-code";
 
 pub struct Cluster {
     server: Option<RunningServer>,
+    /// The admin's (system:masters).
     pub client: Client,
+    controllers_client: Client,
+    scheduler_client: Client,
     pub dir: tempfile::TempDir,
     pub nodes: Option<Nodes>,
     controllers: Option<(ControllerManager, CancellationToken)>,
@@ -68,6 +78,68 @@ pub async fn client_for(server: &RunningServer) -> Client {
         .expect("a client for the test server")
 }
 
+/// A client with the identity of a component the server wrote a kubeconfig for
+/// (`CONTROLLER_MANAGER_KUBECONFIG`, `SCHEDULER_KUBECONFIG`).
+pub async fn component_client(server: &RunningServer, file: &str) -> Client {
+    control_plane::runtime::client::from_kubeconfig(&server.component_kubeconfig(file))
+        .await
+        .expect("a component's client")
+}
+
+/// Where played nodes get their identities: the control plane's data directory (its CA)
+/// and the admin kubeconfig (the server's URL).
+#[derive(Clone)]
+pub struct NodeCredentials {
+    pub data_dir: PathBuf,
+    pub admin_kubeconfig: PathBuf,
+}
+
+impl NodeCredentials {
+    pub fn of(server: &RunningServer) -> NodeCredentials {
+        NodeCredentials {
+            data_dir: server.data_dir().to_path_buf(),
+            admin_kubeconfig: server.kubeconfig_path().to_path_buf(),
+        }
+    }
+
+    /// A client as `system:node:<name>` in `system:nodes`: a certificate from the cluster
+    /// CA, as a node agent holds once its client CSR is signed.
+    pub async fn client(&self, name: &str) -> Client {
+        use control_plane::apiserver::kubeconfig::{self, Credentials};
+        use control_plane::pki::{Ca, CertSpec};
+        let pki = control_plane::apiserver::certs::pki_dir(&self.data_dir);
+        let ca = Ca::load(&pki.join("ca.crt"), &pki.join("ca.key")).expect("the cluster CA");
+        let user = format!("system:node:{name}");
+        let issued = ca
+            .issue(&CertSpec::client(
+                &user,
+                Some("system:nodes"),
+                Duration::from_secs(24 * 3600),
+            ))
+            .expect("a node certificate");
+        let admin = kube::config::Kubeconfig::read_from(&self.admin_kubeconfig)
+            .expect("the admin kubeconfig");
+        let server = admin
+            .clusters
+            .first()
+            .and_then(|c| c.cluster.as_ref())
+            .and_then(|c| c.server.clone())
+            .expect("a server in the admin kubeconfig");
+        let path = self.data_dir.join(format!("node-{name}.kubeconfig"));
+        kubeconfig::write(
+            &path,
+            &server,
+            ca.cert_pem(),
+            &user,
+            &Credentials::Certificate(issued),
+        )
+        .expect("writing the node's kubeconfig");
+        control_plane::runtime::client::from_kubeconfig(&path)
+            .await
+            .expect("a node's client")
+    }
+}
+
 impl Cluster {
     /// An API server alone. Logs go to the test output when RUST_LOG is set.
     pub async fn api_only() -> Cluster {
@@ -81,9 +153,18 @@ impl Cluster {
         let config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
         let server = Server::start(config).await.unwrap();
         let client = client_for(&server).await;
+        let controllers_client = component_client(
+            &server,
+            control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG,
+        )
+        .await;
+        let scheduler_client =
+            component_client(&server, control_plane::apiserver::SCHEDULER_KUBECONFIG).await;
         Cluster {
             server: Some(server),
             client,
+            controllers_client,
+            scheduler_client,
             dir,
             nodes: None,
             controllers: None,
@@ -96,7 +177,7 @@ impl Cluster {
     pub async fn start(settings: Settings, nodes: &[&str]) -> Cluster {
         let mut c = Cluster::api_only().await;
         if !nodes.is_empty() {
-            c.nodes = Some(Nodes::start(c.client.clone(), nodes).await);
+            c.nodes = Some(Nodes::start(c.client.clone(), &c.node_credentials(), nodes).await);
         }
         c.start_scheduler();
         c.start_controllers(settings).await;
@@ -110,7 +191,7 @@ impl Cluster {
             leader_election: None,
             ops_listen: Some("127.0.0.1:0".parse().unwrap()),
         };
-        let m = ControllerManager::start(self.client.clone(), config, token.clone())
+        let m = ControllerManager::start(self.controllers_client.clone(), config, token.clone())
             .await
             .unwrap();
         self.controllers = Some((m, token));
@@ -129,7 +210,7 @@ impl Cluster {
 
     pub fn start_scheduler(&mut self) {
         let token = CancellationToken::new();
-        let (client, t) = (self.client.clone(), token.clone());
+        let (client, t) = (self.scheduler_client.clone(), token.clone());
         let task = tokio::spawn(async move {
             control_plane::scheduler::run(client, control_plane::scheduler::Config::default(), t)
                 .await
@@ -147,6 +228,10 @@ impl Cluster {
 
     pub fn server(&self) -> &RunningServer {
         self.server.as_ref().expect("the server runs")
+    }
+
+    pub fn node_credentials(&self) -> NodeCredentials {
+        NodeCredentials::of(self.server())
     }
 
     pub fn nodes(&self) -> &Nodes {
@@ -188,9 +273,12 @@ impl Drop for Cluster {
     }
 }
 
-/// Played nodes.
+/// Played nodes, each with its own identity.
 pub struct Nodes {
-    client: Client,
+    /// The admin's, for what the test (not a node) does.
+    admin: Client,
+    /// Each node's own.
+    clients: HashMap<String, Client>,
     names: Vec<String>,
     stopped: Arc<Mutex<HashSet<String>>>,
     token: CancellationToken,
@@ -259,35 +347,50 @@ async fn ensure_namespace(client: &Client, name: &str) {
 }
 
 impl Nodes {
-    pub async fn start(client: Client, names: &[&str]) -> Nodes {
-        ensure_namespace(&client, "kube-node-lease").await;
+    pub async fn start(admin: Client, credentials: &NodeCredentials, names: &[&str]) -> Nodes {
+        ensure_namespace(&admin, "kube-node-lease").await;
+        let mut clients = HashMap::new();
+        for name in names {
+            clients.insert(name.to_string(), credentials.client(name).await);
+        }
         let nodes = Nodes {
-            client: client.clone(),
+            admin,
+            clients,
             names: names.iter().map(|s| s.to_string()).collect(),
             stopped: Arc::default(),
             token: CancellationToken::new(),
         };
-        for name in names {
+        for (index, name) in nodes.names.iter().enumerate() {
             nodes.register(name).await;
+            let client = nodes.client(name);
+            tokio::spawn(renew_lease(
+                client.clone(),
+                name.clone(),
+                nodes.stopped.clone(),
+                nodes.token.clone(),
+            ));
+            tokio::spawn(run_pods(
+                client,
+                name.clone(),
+                index,
+                nodes.stopped.clone(),
+                nodes.token.clone(),
+            ));
         }
-        tokio::spawn(renew_leases(
-            client.clone(),
-            nodes.names.clone(),
-            nodes.stopped.clone(),
-            nodes.token.clone(),
-        ));
-        tokio::spawn(run_pods(
-            client,
-            nodes.names.clone(),
-            nodes.stopped.clone(),
-            nodes.token.clone(),
-        ));
         nodes
+    }
+
+    /// The client of node `name`.
+    fn client(&self, name: &str) -> Client {
+        self.clients
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} is not a played node"))
     }
 
     async fn register(&self, name: &str) {
         let index = self.names.iter().position(|n| n == name).unwrap_or(0);
-        let api: Api<Node> = Api::all(self.client.clone());
+        let api: Api<Node> = Api::all(self.client(name));
         api.create(&PostParams::default(), &node_object(name, index))
             .await
             .unwrap();
@@ -306,7 +409,8 @@ impl Nodes {
     /// deletions of its pods that happened while it was away.
     pub async fn resume(&self, name: &str) {
         self.stopped.lock().unwrap().remove(name);
-        let pods: Api<Pod> = Api::all(self.client.clone());
+        let client = self.client(name);
+        let pods: Api<Pod> = Api::all(client.clone());
         let mine = pods
             .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={name}")))
             .await
@@ -316,13 +420,12 @@ impl Nodes {
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_some())
         {
-            let api: Api<Pod> =
-                Api::namespaced(self.client.clone(), &p.namespace().unwrap_or_default());
+            let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace().unwrap_or_default());
             let _ = api
                 .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
                 .await;
         }
-        let api: Api<Node> = Api::all(self.client.clone());
+        let api: Api<Node> = Api::all(client);
         let now = Time(Timestamp::now());
         let patch = json!({"status": {"conditions": [{
             "type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -338,9 +441,17 @@ impl Nodes {
         self.token.cancel();
     }
 
-    /// Sets a pod's Ready condition, as a node agent would after a readiness probe.
+    /// Sets a pod's Ready condition, as its node's agent would after a readiness probe.
     pub async fn set_ready(&self, ns: &str, pod: &str, ready: bool) {
-        set_ready(&self.client, ns, pod, ready).await;
+        let api: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
+        let node = api
+            .get(pod)
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.node_name)
+            .expect("the pod is bound");
+        set_ready(&self.client(&node), ns, pod, ready).await;
     }
 }
 
@@ -365,33 +476,31 @@ pub async fn set_ready(client: &Client, ns: &str, pod: &str, ready: bool) {
         .unwrap();
 }
 
-async fn renew_leases(
+/// Renews node `name`'s Lease every 500 ms while it is up.
+async fn renew_lease(
     client: Client,
-    names: Vec<String>,
+    name: String,
     stopped: Arc<Mutex<HashSet<String>>>,
     token: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, "kube-node-lease");
     loop {
-        for n in &names {
-            if stopped.lock().unwrap().contains(n) {
-                continue;
-            }
+        if !stopped.lock().unwrap().contains(&name) {
             let spec = LeaseSpec {
-                holder_identity: Some(n.clone()),
+                holder_identity: Some(name.clone()),
                 lease_duration_seconds: Some(40),
                 renew_time: Some(MicroTime(Timestamp::now())),
                 ..Default::default()
             };
-            match api.get_opt(n).await {
+            match api.get_opt(&name).await {
                 Ok(Some(mut lease)) => {
                     lease.spec = Some(spec);
-                    let _ = api.replace(n, &PostParams::default(), &lease).await;
+                    let _ = api.replace(&name, &PostParams::default(), &lease).await;
                 }
                 Ok(None) => {
                     let lease = Lease {
                         metadata: ObjectMeta {
-                            name: Some(n.clone()),
+                            name: Some(name.clone()),
                             ..Default::default()
                         },
                         spec: Some(spec),
@@ -408,19 +517,20 @@ async fn renew_leases(
     }
 }
 
-/// Reports bound pods Running (and Ready unless annotated otherwise) and finishes graceful
-/// deletions, for the nodes that are up.
+/// Reports the pods bound to node `node` Running (and Ready unless annotated otherwise) and
+/// finishes their graceful deletions while it is up; it watches only its own pods, as a
+/// node may.
 async fn run_pods(
     client: Client,
-    names: Vec<String>,
+    node: String,
+    index: usize,
     stopped: Arc<Mutex<HashSet<String>>>,
     token: CancellationToken,
 ) {
     let pods: Api<Pod> = Api::all(client.clone());
-    let mut next_ip: HashMap<String, u32> = HashMap::new();
-    let stream = watcher(pods, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
+    let mut next_ip = 1u32;
+    let mine = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let stream = watcher(pods, mine).default_backoff().applied_objects();
     let mut stream = std::pin::pin!(stream);
     loop {
         let next = tokio::select! {
@@ -428,12 +538,6 @@ async fn run_pods(
             n = stream.next() => n,
         };
         let Some(Ok(pod)) = next else { continue };
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            continue;
-        };
-        let Some(index) = names.iter().position(|n| *n == node) else {
-            continue;
-        };
         if stopped.lock().unwrap().contains(&node) {
             continue;
         }
@@ -460,14 +564,8 @@ async fn run_pods(
             }
             continue;
         }
-        let counter = next_ip.entry(node.clone()).or_insert(1);
-        *counter += 1;
-        let ip = format!(
-            "10.{}.{}.{}",
-            200 + index,
-            *counter / 250,
-            *counter % 250 + 1
-        );
+        next_ip += 1;
+        let ip = format!("10.{}.{}.{}", 200 + index, next_ip / 250, next_ip % 250 + 1);
         let ready = !pod.annotations().contains_key(NEVER_READY);
         let now = Time(Timestamp::now());
         let cond = |t: &str, ok: bool| PodCondition {
