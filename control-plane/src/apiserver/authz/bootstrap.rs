@@ -934,18 +934,31 @@ pub async fn reconcile(store: &dyn Store) -> Result<(), StoreError> {
     let roles = registry::find(RBAC_GROUP, "v1", "clusterroles").expect("clusterroles are served");
     let bindings = registry::find(RBAC_GROUP, "v1", "clusterrolebindings")
         .expect("clusterrolebindings are served");
+    // Every object at once: the store's writer commits the writes waiting together in one
+    // transaction (one fsync for all of them), where one after the other each paid its
+    // own; start-up waits for this.
+    let writes = cluster_roles()
+        .into_iter()
+        .map(|role| {
+            let name = role.metadata.name.clone().unwrap_or_default();
+            (
+                roles.key(None, &name),
+                typed_value(&role, "ClusterRole"),
+                merge_role as Merge,
+            )
+        })
+        .chain(cluster_role_bindings().into_iter().map(|b| {
+            let name = b.metadata.name.clone().unwrap_or_default();
+            let wanted = typed_value(&b, "ClusterRoleBinding");
+            (bindings.key(None, &name), wanted, merge_binding as Merge)
+        }));
+    let outcomes = futures::future::try_join_all(writes.map(|(key, wanted, merge)| async move {
+        reconcile_one(store, &key, wanted, merge).await
+    }))
+    .await?;
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for role in cluster_roles() {
-        let name = role.metadata.name.clone().unwrap_or_default();
-        let wanted = typed_value(&role, "ClusterRole");
-        let o = reconcile_one(store, &roles.key(None, &name), wanted, merge_role).await?;
-        *counts.entry(outcome_name(&o)).or_default() += 1;
-    }
-    for b in cluster_role_bindings() {
-        let name = b.metadata.name.clone().unwrap_or_default();
-        let wanted = typed_value(&b, "ClusterRoleBinding");
-        let o = reconcile_one(store, &bindings.key(None, &name), wanted, merge_binding).await?;
-        *counts.entry(outcome_name(&o)).or_default() += 1;
+    for o in &outcomes {
+        *counts.entry(outcome_name(o)).or_default() += 1;
     }
     tracing::info!(?counts, "bootstrap RBAC policy reconciled");
     Ok(())
@@ -967,12 +980,15 @@ fn typed_value<T: serde::Serialize>(t: &T, kind: &str) -> Value {
     v
 }
 
+/// Adds what `wanted` has and the stored object lacks; whether anything changed.
+type Merge = fn(&mut Value, &Value) -> bool;
+
 /// Creates `wanted` at `key`, or merges it into what is there; retries lost races.
 async fn reconcile_one(
     store: &dyn Store,
     key: &str,
     wanted: Value,
-    merge: fn(&mut Value, &Value) -> bool,
+    merge: Merge,
 ) -> Result<Outcome, StoreError> {
     loop {
         let op = match store.get(key).await? {
