@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::Client;
 use serde_json::json;
+use skiff_tests::kubeconfig::KubeconfigAccess;
 use skiff_tests::wait_until_async;
 
 async fn start_with(f: impl FnOnce(&mut Config)) -> (RunningServer, Client, tempfile::TempDir) {
@@ -188,24 +189,15 @@ async fn the_initial_events_end_bookmark_follows_every_event_it_covers() {
 
 on_both_stores!(async: a_paged_list_is_one_snapshot_or_gone, the_initial_events_end_bookmark_follows_every_event_it_covers);
 
-/// A GET of the server's own URL with the admin token, as text: plain HTTP, since kube's
-/// client retries 503s (and these tests want to see them).
+/// A GET of the server's own URL as the admin (HTTPS, the kubeconfig's CA and client
+/// certificate), as text: not through kube's client, which retries 503s (and these tests want
+/// to see them).
 async fn get_text(server: &RunningServer, path: &str) -> (u16, String) {
-    let url = format!("{}{path}", server.url());
-    let auth = format!("Bearer {}", server.token());
-    tokio::task::spawn_blocking(move || {
-        let resp = ureq::get(&url)
-            .header("Authorization", &auth)
-            .config()
-            .http_status_as_error(false)
-            .build()
-            .call()
-            .unwrap();
-        let code = resp.status().as_u16();
-        (code, resp.into_body().read_to_string().unwrap())
-    })
-    .await
-    .unwrap()
+    let access = KubeconfigAccess::read(server.kubeconfig_path()).unwrap();
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || access.get(&path, Duration::from_secs(10)).unwrap())
+        .await
+        .unwrap()
 }
 
 /// etcd only: a key holding something that is not an object (written with etcdctl, as another
