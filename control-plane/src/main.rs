@@ -124,7 +124,7 @@ struct KubeconfigArgs {
 
 #[derive(Args)]
 struct ApiserverArgs {
-    /// Directory of the embedded store, the admin token and the default kubeconfig.
+    /// Directory of the embedded store, the cluster CA and keys (pki/), and the kubeconfigs.
     #[arg(long)]
     data_dir: PathBuf,
     /// Where the cluster's state lives: `embedded` (DATA_DIR/store.redb) or an etcd cluster,

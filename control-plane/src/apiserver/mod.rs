@@ -8,9 +8,9 @@
 //! `negotiate` (content types in and out), `protobuf` (kubectl's protobuf bodies), `handlers`
 //! (get/list/watch/create/update/patch/delete and subresources), `admission` (the admission
 //! chain every write passes), `allocation` (ClusterIP and NodePort allocation), `warning`
-//! (Warning headers for the client), `rules` (the seam to the machinery: defaulting, validation, selectors,
-//! patches, table cells), `registry` (the served resources), `discovery`, `table`, `meta`,
-//! `output`, `kubeconfig`, `metrics`.
+//! (Warning headers for the client), `rules` (the seam to the machinery: defaulting,
+//! validation, selectors, patches, table cells), `registry` (the served resources),
+//! `discovery`, `table`, `meta`, `output`, `kubeconfig`, `metrics`.
 
 // ApiError carries a full Status (message, details, causes); it is the cold path of every
 // handler, so returning it unboxed is simpler and costs nothing that matters.
@@ -67,7 +67,8 @@ use crate::store::{Backend, OpenStore, Precondition, Store, StoreError, WriteOp}
 /// How the server is set up.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Where the embedded store, the admin token and (by default) the kubeconfig live.
+    /// Where the embedded store, the cluster CA and keys (`pki/`) and (by default) the
+    /// kubeconfigs live.
     pub data_dir: PathBuf,
     /// The store: embedded in `data_dir` (default) or an etcd cluster.
     pub store: Backend,
