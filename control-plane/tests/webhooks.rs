@@ -278,7 +278,15 @@ fn a_validating_webhook_refuses_with_its_message_and_warns() {
         json!({"group": "", "version": "v1", "kind": "Pod"})
     );
     assert_eq!(r["resource"]["resource"], "pods");
-    assert_eq!(r["userInfo"]["username"], "admin");
+    // The caller as authenticated: the admin kubeconfig's client certificate.
+    assert_eq!(
+        r["userInfo"]["username"],
+        control_plane::apiserver::certs::ADMIN_USER
+    );
+    let groups = r["userInfo"]["groups"].as_array().expect("groups");
+    for g in ["system:masters", "system:authenticated"] {
+        assert!(groups.iter().any(|x| x == g), "{g} not in {groups:?}");
+    }
     assert_eq!(r["dryRun"], false);
     assert_eq!(r["options"]["kind"], "CreateOptions");
 
