@@ -54,7 +54,8 @@ async fn every_namespace_gets_a_default_account_and_the_root_ca() {
     // which must be the cluster CA the server made in its data directory.
     let root_ca = rootcacertpublisher::load(
         None,
-        &c.server().component_kubeconfig(CONTROLLER_MANAGER_KUBECONFIG),
+        &c.server()
+            .component_kubeconfig(CONTROLLER_MANAGER_KUBECONFIG),
     )
     .unwrap()
     .expect("the controller manager's kubeconfig names a certificate authority");
