@@ -74,6 +74,78 @@ pub fn table(backends: &[Endpoint], m: u32) -> Vec<u16> {
     entry
 }
 
+/// What `proxy maglev-bench` measures for one table size: the time to build one service's
+/// table, and the share of the table that moves when one backend goes.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Measurement {
+    pub table_size: u32,
+    pub backends: usize,
+    /// Median time to build one table of `backends` backends, in microseconds.
+    pub build_us: f64,
+    /// Tables built for that median.
+    pub builds: usize,
+    /// Over every choice of the backend removed: the share of entries that held another
+    /// backend and now hold a different one (flows moved that need not have), mean and
+    /// worst.
+    pub moved_others_mean: f64,
+    pub moved_others_max: f64,
+    /// The share of all entries that changed (the removed backend's own included).
+    pub moved_total_mean: f64,
+}
+
+/// Builds tables of `backends` synthetic backends with `m` entries and removes each backend
+/// in turn (the bench's in-process measurement: release build, one thread).
+pub fn measure(backends: usize, m: u32, builds: usize) -> Measurement {
+    let all: Vec<Endpoint> = (0..backends)
+        .map(|i| Endpoint {
+            ip: std::net::IpAddr::from([10, 200, (i / 250) as u8, (i % 250 + 1) as u8]),
+            port: crate::model::Port::new(8080).expect("non-zero port"),
+            local: false,
+        })
+        .collect();
+    let mut times: Vec<f64> = (0..builds.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let built = table(&all, m);
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            std::hint::black_box(built);
+            us
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let before = table(&all, m);
+    let (mut others_sum, mut others_max, mut total_sum) = (0.0f64, 0.0f64, 0.0f64);
+    for gone in 0..all.len() {
+        let mut after_set = all.clone();
+        let removed = after_set.remove(gone);
+        let after = table(&after_set, m);
+        let (mut others, mut total) = (0usize, 0usize);
+        for (a, b) in before.iter().zip(&after) {
+            let (was, now) = (all[*a as usize], after_set[*b as usize]);
+            if was != now {
+                total += 1;
+                if was != removed {
+                    others += 1;
+                }
+            }
+        }
+        let share = others as f64 / m as f64;
+        others_sum += share;
+        others_max = others_max.max(share);
+        total_sum += total as f64 / m as f64;
+    }
+    let n = all.len().max(1) as f64;
+    Measurement {
+        table_size: m,
+        backends,
+        build_us: times[times.len() / 2],
+        builds: times.len(),
+        moved_others_mean: others_sum / n,
+        moved_others_max: others_max,
+        moved_total_mean: total_sum / n,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +221,18 @@ mod tests {
             let share = moved_others as f64 / DEFAULT_SIZE as f64;
             prop_assert!(share <= 0.025, "{moved_others} other entries moved ({:.2}%)", share * 100.0);
         }
+    }
+
+    #[test]
+    fn the_measurement_counts_moved_entries() {
+        let m = measure(10, 251, 3);
+        assert_eq!((m.table_size, m.backends, m.builds), (251, 10, 3));
+        // Removing one of ten moves at least its own tenth, and not everything.
+        assert!(
+            m.moved_total_mean >= 0.09 && m.moved_total_mean < 0.5,
+            "{m:?}"
+        );
+        assert!(m.moved_others_mean <= m.moved_others_max);
+        assert!(m.moved_others_mean < m.moved_total_mean);
     }
 }

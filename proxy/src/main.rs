@@ -136,6 +136,19 @@ enum Command {
         #[arg(long)]
         bpf_log: bool,
     },
+    /// Maglev in-process (run by `cargo xtask bench proxy --north-south`): per table size,
+    /// the time to build one service's table and the flows moved when one backend goes.
+    /// One JSON line per size.
+    #[command(hide = true)]
+    MaglevBench {
+        #[arg(long, default_value_t = 100)]
+        backends: usize,
+        #[arg(long, value_delimiter = ',', default_value = "16381,65521", value_parser = maglev_size)]
+        sizes: Vec<u32>,
+        /// Tables built per size for the median build time.
+        #[arg(long, default_value_t = 200)]
+        builds: usize,
+    },
     /// Print the programmed frontends, backends and counters from the pinned maps.
     Dump {
         #[arg(long, default_value = DEFAULT_BPFFS)]
@@ -257,6 +270,16 @@ fn main() -> Result<()> {
         Command::Reset { bpffs } => {
             proxy::loader::unpin_all(&bpffs)
                 .with_context(|| format!("removing pins under {}", bpffs.display()))?;
+        }
+        Command::MaglevBench {
+            backends,
+            sizes,
+            builds,
+        } => {
+            for m in sizes {
+                let r = proxy::maglev::measure(backends, m, builds);
+                println!("{}", serde_json::to_string(&r)?);
+            }
         }
         Command::Probe {
             protocol,

@@ -595,32 +595,6 @@ impl Outside {
     /// then carry complete checksums, as packets from a wire do (what XDP programs see on
     /// a physical NIC; a veth otherwise passes the sender's partial checksums along).
     pub fn full_checksums_from_client(&self) {
-        let dev = self.client_link.peer.clone();
-        self.client.run(move || {
-            #[repr(C)]
-            struct EthtoolValue {
-                cmd: u32,
-                data: u32,
-            }
-            const ETHTOOL_STXCSUM: u32 = 0x17;
-            let mut v = EthtoolValue {
-                cmd: ETHTOOL_STXCSUM,
-                data: 0,
-            };
-            // SAFETY: a zeroed ifreq is valid; the name fits (interface names < 16 bytes).
-            let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-            for (d, s) in ifr.ifr_name.iter_mut().zip(dev.bytes()) {
-                *d = s as libc::c_char;
-            }
-            ifr.ifr_ifru.ifru_data = (&mut v as *mut EthtoolValue).cast();
-            // SAFETY: a datagram socket for the ioctl, closed below.
-            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
-            assert!(fd >= 0);
-            // SAFETY: SIOCETHTOOL with a valid ifreq pointing at a valid ethtool_value.
-            let r = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut ifr) };
-            // SAFETY: our own descriptor.
-            unsafe { libc::close(fd) };
-            assert_eq!(r, 0, "ETHTOOL_STXCSUM: {}", std::io::Error::last_os_error());
-        });
+        self.client.full_checksums(&self.client_link.peer);
     }
 }

@@ -12,9 +12,11 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 pub enum ClientCmd {
     /// Serves measurement chunks: for each line "go" on stdin runs `chunk` connects (or
     /// HTTP GETs with `--http`) and prints their latencies as one JSON line.
-    /// Two such clients, driven in turn, see the same machine load.
+    /// Two such clients, driven in turn, see the same machine load. Several addresses
+    /// (comma-separated) are taken in turn, one per operation.
     Chunks {
-        addr: SocketAddr,
+        #[arg(value_delimiter = ',', required = true)]
+        addrs: Vec<SocketAddr>,
         chunk: usize,
         #[arg(long)]
         http: bool,
@@ -56,7 +58,8 @@ fn get(addr: SocketAddr) -> std::io::Result<String> {
 
 pub fn run(cmd: ClientCmd) -> Result<()> {
     match cmd {
-        ClientCmd::Chunks { addr, chunk, http } => {
+        ClientCmd::Chunks { addrs, chunk, http } => {
+            let mut next = addrs.iter().cycle();
             let mut line = String::new();
             let stdin = std::io::stdin();
             while {
@@ -65,6 +68,7 @@ pub fn run(cmd: ClientCmd) -> Result<()> {
             } {
                 let mut lat = Vec::with_capacity(chunk);
                 for _ in 0..chunk {
+                    let addr = *next.next().expect("at least one address");
                     let t = Instant::now();
                     if http {
                         if get(addr)?.is_empty() {

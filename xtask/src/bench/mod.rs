@@ -6,6 +6,7 @@ pub mod api_authz;
 pub mod client;
 pub mod density;
 pub mod node;
+pub mod northsouth;
 pub mod plot;
 pub mod proxy;
 pub mod scheduler;
@@ -14,7 +15,8 @@ pub mod scheduler;
 pub enum BenchCmd {
     /// The API server: latency and throughput by verb and concurrency, watch fan-out, memory.
     Api(api::Opts),
-    /// The service proxy: eBPF vs iptables vs direct, 1 to 100,000 services.
+    /// The service proxy: eBPF vs iptables vs direct, 1 to 100,000 services (ClusterIP from
+    /// inside the node; `--north-south`: NodePort from outside, with tc and XDP, and Maglev).
     Proxy(proxy::Opts),
     /// The node agent: pod startup latency (bound -> Running/Ready) for 1, 10, 50 pods.
     Node(node::Opts),

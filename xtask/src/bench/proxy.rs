@@ -31,24 +31,35 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct Opts {
     /// Service counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,1000,10000,100000")]
-    services: Vec<u32>,
+    pub(super) services: Vec<u32>,
     /// Connections per connect() measurement.
     #[arg(long, default_value_t = 20_000)]
-    connects: usize,
+    pub(super) connects: usize,
     /// Requests per HTTP measurement.
     #[arg(long, default_value_t = 5000)]
-    requests: usize,
+    pub(super) requests: usize,
     /// Connections per chunk: the setup's client and a direct client run chunks in turn,
     /// so both see the same machine load.
     #[arg(long, default_value_t = 250)]
-    chunk: usize,
+    pub(super) chunk: usize,
     /// Largest service count measured in iptables mode.
     #[arg(long, default_value_t = 100_000)]
-    iptables_max: u32,
+    pub(super) iptables_max: u32,
     /// Give up on a setup whose initial sync takes longer (iptables-nft at 100,000
     /// services does), reporting that it did not finish.
     #[arg(long, default_value_t = 180)]
-    sync_timeout_s: u64,
+    pub(super) sync_timeout_s: u64,
+    /// North-south instead: NodePort from a client namespace through the node's interface
+    /// (eBPF tc, eBPF with XDP, iptables, direct), and Maglev in-process.
+    #[arg(long)]
+    north_south: bool,
+    /// North-south paths to measure besides direct.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ebpf-tc,ebpf-xdp,iptables"
+    )]
+    pub(super) paths: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -95,7 +106,7 @@ const PORT: u16 = 8080;
 
 /// Service addresses: 10.251.0.0/16 and 10.252.0.0/16, local only inside the bench's
 /// own namespace.
-fn vip(i: u32) -> IpAddr {
+pub(super) fn vip(i: u32) -> IpAddr {
     let n = i + 1;
     IpAddr::from([
         10,
@@ -105,7 +116,7 @@ fn vip(i: u32) -> IpAddr {
     ])
 }
 
-fn since(t: Instant) -> String {
+pub(super) fn since(t: Instant) -> String {
     format!("{:.1}s", t.elapsed().as_secs_f64())
 }
 
@@ -125,6 +136,9 @@ pub fn run_bench(opts: Opts) -> Result<()> {
     let proxy_bin = target.join("release/proxy");
     let out_dir = root().join("bench-results");
     std::fs::create_dir_all(&out_dir)?;
+    if opts.north_south {
+        return super::northsouth::run_bench(&opts, &proxy_bin, &out_dir, started);
+    }
 
     let mut rows = Vec::new();
     eprintln!("[{}] direct", since(started));
@@ -178,6 +192,16 @@ impl Bed {
             cg: Cgroup::new("bp"),
             ns,
         })
+    }
+
+    /// The direct path: the client to the backend itself.
+    fn lane(&self) -> Lane<'_> {
+        Lane {
+            ns: &self.ns,
+            cg: Some(&self.cg),
+            targets: vec![self.b1.addr],
+            servers: vec![&self.b1],
+        }
     }
 }
 
@@ -247,11 +271,17 @@ fn measure(
             );
             proxy = Some(p);
         }
-        let partner = (mode != Mode::Direct).then_some(direct);
+        let lane = Lane {
+            ns,
+            cg: Some(cg),
+            targets: vec![target],
+            servers: vec![&bed.b1],
+        };
+        let partner = (mode != Mode::Direct).then(|| direct.lane());
         // HTTP first: the connect-only run leaves the servers reaping thousands of reset
         // connections for a while, which would slow whichever measurement came next.
-        let http = interleaved(bed, target, partner, true, opts.requests, opts.chunk)?;
-        let conn = interleaved(bed, target, partner, false, opts.connects, opts.chunk)?;
+        let http = interleaved(&lane, partner.as_ref(), true, opts.requests, opts.chunk)?;
+        let conn = interleaved(&lane, partner.as_ref(), false, opts.connects, opts.chunk)?;
         eprintln!(
             "    connect: {:.0}/s (direct {:.0}/s) p50 {:.1} us p99 {:.1} us max {:.0} us (direct max {:.0} us); http {:.0}/s (direct {:.0}/s)",
             conn.0.rate, conn.1.rate, conn.0.p50_us, conn.0.p99_us, conn.0.max_us, conn.1.max_us, http.0.rate, http.1.rate
@@ -296,12 +326,29 @@ fn measure(
 }
 
 /// Rate and latency of one path.
-#[derive(Clone, Copy, Default)]
-struct Stats {
-    rate: f64,
-    p50_us: f64,
-    p99_us: f64,
-    max_us: f64,
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Stats {
+    pub(super) rate: f64,
+    pub(super) p50_us: f64,
+    pub(super) p99_us: f64,
+    pub(super) max_us: f64,
+}
+
+/// Where a load generator runs and what it reaches: its network namespace, its cgroup
+/// (`None`: the proxy's hooks do not apply to it, as to a client outside the node), the
+/// addresses it connects to in turn, and the servers behind them (their counts tell when
+/// every connection was served).
+pub(super) struct Lane<'a> {
+    pub(super) ns: &'a NetNs,
+    pub(super) cg: Option<&'a Cgroup>,
+    pub(super) targets: Vec<SocketAddr>,
+    pub(super) servers: Vec<&'a Server>,
+}
+
+impl Lane<'_> {
+    fn served(&self) -> u64 {
+        self.servers.iter().map(|s| s.served()).sum()
+    }
 }
 
 /// A `bench-client chunks` process.
@@ -313,13 +360,16 @@ struct ChunkClient {
 }
 
 impl ChunkClient {
-    fn spawn(bed: &Bed, addr: SocketAddr, http: bool, chunk: usize) -> Result<ChunkClient> {
-        let mut cmd = bed.ns.command(std::env::current_exe()?);
-        bed.cg.enter_before_exec(&mut cmd);
+    fn spawn(lane: &Lane, http: bool, chunk: usize) -> Result<ChunkClient> {
+        let mut cmd = lane.ns.command(std::env::current_exe()?);
+        if let Some(cg) = lane.cg {
+            cg.enter_before_exec(&mut cmd);
+        }
+        let targets: Vec<String> = lane.targets.iter().map(|t| t.to_string()).collect();
         cmd.args([
             "bench-client",
             "chunks",
-            &addr.to_string(),
+            &targets.join(","),
             &chunk.to_string(),
         ]);
         if http {
@@ -381,23 +431,22 @@ impl ChunkClient {
     }
 }
 
-/// `total` operations against `target` in chunks, alternating (order flipped each round)
-/// with the same chunks against the direct backend when a partner is given. Returns
-/// (target, direct) statistics; without a partner both are the target's.
-fn interleaved(
-    bed: &Bed,
-    target: SocketAddr,
-    partner: Option<&Bed>,
+/// `total` operations through `lane` in chunks, alternating (order flipped each round)
+/// with the same chunks through the direct path when a partner is given. Returns
+/// (lane, direct) statistics; without a partner both are the lane's.
+pub(super) fn interleaved(
+    lane: &Lane,
+    partner: Option<&Lane>,
     http: bool,
     total: usize,
     chunk: usize,
 ) -> Result<(Stats, Stats)> {
     let chunk = chunk.max(1);
-    let served = |b: &Bed| b.b1.served();
-    let before = (served(bed), partner.map(served));
-    let mut t = ChunkClient::spawn(bed, target, http, chunk)?;
+    let served = |l: &Lane| l.served();
+    let before = (served(lane), partner.map(served));
+    let mut t = ChunkClient::spawn(lane, http, chunk)?;
     let mut d = match partner {
-        Some(p) => Some(ChunkClient::spawn(p, p.b1.addr, http, chunk)?),
+        Some(p) => Some(ChunkClient::spawn(p, http, chunk)?),
         None => None,
     };
     for round in 0..total.div_ceil(chunk) {
@@ -417,7 +466,7 @@ fn interleaved(
     // their accept queues so the next measurement does not queue behind this one.
     let done = total.div_ceil(chunk) * chunk;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while (served(bed) - before.0 < done as u64
+    while (served(lane) - before.0 < done as u64
         || partner.is_some_and(|p| served(p) - before.1.unwrap_or(0) < done as u64))
         && Instant::now() < deadline
     {
@@ -527,7 +576,7 @@ fn endpoint_change(
 }
 
 /// The release proxy, its stderr collected.
-struct Proxy {
+pub(super) struct Proxy {
     child: Child,
     logs: Arc<Mutex<Vec<String>>>,
 }
@@ -562,8 +611,14 @@ impl Proxy {
             .arg(bpffs)
             .args(["--max-services", &capacity.to_string()])
             .args(["--max-backends", &(2 * capacity).to_string()])
-            .env("RUST_LOG", "info,proxy::daemon=debug")
-            .process_group(0)
+            .env("RUST_LOG", "info,proxy::daemon=debug");
+        Proxy::spawn(cmd, timeout)
+    }
+
+    /// Starts `cmd` (a `proxy run`) and waits for its initial sync; `None` if that takes
+    /// longer than `timeout`.
+    pub(super) fn spawn(mut cmd: Command, timeout: Duration) -> Result<Option<Proxy>> {
+        cmd.process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -576,10 +631,16 @@ impl Proxy {
                 sink.lock().expect("logs").push(line);
             }
         });
-        let proxy = Proxy { child, logs };
+        let mut proxy = Proxy { child, logs };
         // Ready once the initial sync is logged (all services programmed).
         let deadline = Instant::now() + timeout;
         loop {
+            if let Some(status) = proxy.child.try_wait()? {
+                bail!(
+                    "the proxy exited with {status}:\n{}",
+                    proxy.logs.lock().expect("logs").join("\n")
+                );
+            }
             if proxy
                 .logs
                 .lock()
@@ -616,7 +677,7 @@ impl Drop for Proxy {
     }
 }
 
-fn ratio(a: f64, b: f64) -> String {
+pub(super) fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 {
         format!("{:.2}x", a / b)
     } else {
