@@ -154,6 +154,7 @@ fn tc_finish(ctx: &mut TcContext, f: &Flow, act: Act, ifindex: u32) -> i32 {
         Kind::Drop => TC_ACT_SHOT,
         Kind::Local => {
             if rewrite_tc(ctx, f, &act.rw) {
+                act.commit();
                 TC_ACT_OK
             } else {
                 TC_ACT_SHOT
@@ -168,6 +169,7 @@ fn tc_finish(ctx: &mut TcContext, f: &Flow, act: Act, ifindex: u32) -> i32 {
             if !rewrite_tc(ctx, f, &act.rw) {
                 return TC_ACT_SHOT;
             }
+            act.commit();
             // The kernel resolves the neighbour and fills in the MAC addresses.
             // SAFETY: helper valid for tc programs; no neighbour hint.
             unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) as i32 }
@@ -250,6 +252,8 @@ pub fn skiff_xdp(ctx: XdpContext) -> u32 {
         Kind::Drop => xdp_action::XDP_DROP,
         Kind::Local => {
             if nodeport::rewrite_direct(data, data_end, &f, &act.rw) {
+                // tc sees the rewritten packet, no longer the flow's: this is the last look.
+                act.commit();
                 xdp_action::XDP_PASS
             } else {
                 xdp_action::XDP_DROP
@@ -258,7 +262,8 @@ pub fn skiff_xdp(ctx: XdpContext) -> u32 {
         Kind::Forward => {
             let (r, p) = fib(&ctx, &f, &act.rw, ifindex);
             if r != BPF_FIB_LKUP_RET_SUCCESS as i64 || p.ifindex != ifindex {
-                // tc finds the flow in the connection-tracking map and sends it.
+                // tc finds the flow in the connection-tracking map and sends it (and
+                // forgets a reset's flow then: `Act::ends`).
                 return xdp_action::XDP_PASS;
             }
             if !nodeport::rewrite_direct(data, data_end, &f, &act.rw)
@@ -266,6 +271,7 @@ pub fn skiff_xdp(ctx: XdpContext) -> u32 {
             {
                 return xdp_action::XDP_DROP;
             }
+            act.commit();
             xdp_action::XDP_TX
         }
     }

@@ -189,22 +189,44 @@ pub enum Kind {
 pub struct Act {
     pub kind: Kind,
     pub rw: Rewrite,
+    /// The packet is a reset: the flow ends, and its two entries (`fk`, `rk`) go once the
+    /// packet is sent on (`commit`). Only the program that sends it deletes them: XDP handing
+    /// a reset to tc must leave them, or tc would take the reset for the first packet of a
+    /// new flow and send it to a new backend (or under a new SNAT port), leaving the real
+    /// connection open on its backend and its SNAT port taken by a stale socket.
+    pub ends: bool,
+    pub fk: CtKey,
+    pub rk: CtKey,
 }
+
+const NO_KEY: CtKey = CtKey {
+    saddr: 0,
+    daddr: 0,
+    sport: 0,
+    dport: 0,
+    proto: 0,
+    dir: 0,
+    _pad: 0,
+};
 
 impl Act {
     pub const PASS: Act = Act {
         kind: Kind::Pass,
         rw: Rewrite::NONE,
+        ends: false,
+        fk: NO_KEY,
+        rk: NO_KEY,
     };
     pub const DROP: Act = Act {
         kind: Kind::Drop,
-        rw: Rewrite::NONE,
+        ..Act::PASS
     };
     #[inline(always)]
     fn local(rw: Rewrite) -> Act {
         Act {
             kind: Kind::Local,
             rw,
+            ..Act::PASS
         }
     }
     #[inline(always)]
@@ -212,6 +234,28 @@ impl Act {
         Act {
             kind: Kind::Forward,
             rw,
+            ..Act::PASS
+        }
+    }
+
+    /// The flow of `fk` and `rk` ends with this packet when `rst` (a TCP reset).
+    #[inline(always)]
+    fn ending_if(self, rst: bool, fk: CtKey, rk: CtKey) -> Act {
+        Act {
+            ends: rst,
+            fk,
+            rk,
+            ..self
+        }
+    }
+
+    /// Called by the program that sends the packet on: a reset's flow is forgotten at once
+    /// (its SNAT port is free for the next one).
+    #[inline(always)]
+    pub fn commit(&self) {
+        if self.ends {
+            let _ = SKIFF_CT.remove(&self.fk);
+            let _ = SKIFF_CT.remove(&self.rk);
         }
     }
 }
@@ -257,13 +301,6 @@ fn reverse_of_forward(fk: &CtKey, v: &CtValue) -> CtKey {
     }
 }
 
-/// Forgets a reset flow at once: its SNAT port is free for the next one.
-#[inline(always)]
-fn forget(fk: &CtKey, rk: &CtKey) {
-    let _ = SKIFF_CT.remove(fk);
-    let _ = SKIFF_CT.remove(rk);
-}
-
 /// The external frontend a packet is for: an external IP or LoadBalancer address on its
 /// port, else a NodePort when the destination is one of this node's addresses.
 #[inline(always)]
@@ -298,11 +335,8 @@ pub fn ingress(f: &Flow, ifindex: u32) -> Act {
         if v.flags & CT_FLAG_SNAT != 0 {
             touch(v, f, now);
             let rw = Rewrite::both((v.to_addr, v.to_port), (v.nat_addr, v.nat_port));
-            if rst {
-                let fk = key(v.nat_addr, v.nat_port, v.to_addr, v.to_port, f.proto, CT_DIR_FWD);
-                forget(&fk, &rk);
-            }
-            return Act::forward(rw);
+            let fk = key(v.nat_addr, v.nat_port, v.to_addr, v.to_port, f.proto, CT_DIR_FWD);
+            return Act::forward(rw).ending_if(rst, fk, rk);
         }
     }
     // A flow already going somewhere.
@@ -318,10 +352,7 @@ pub fn ingress(f: &Flow, ifindex: u32) -> Act {
         } else {
             Act::local(Rewrite::to(v.to_addr, v.to_port))
         };
-        if rst {
-            forget(&fk, &rk);
-        }
-        return act;
+        return act.ending_if(rst, fk, rk);
     }
     // A new flow.
     let Some(svc) = frontend(f) else {
@@ -425,11 +456,8 @@ pub fn egress(f: &Flow) -> Act {
     }
     touch(v, f, now_s());
     let rw = Rewrite::from(v.to_addr, v.to_port);
-    if f.tcp_flags & TCP_RST != 0 {
-        let fk = key(f.daddr, f.dport, v.to_addr, v.to_port, f.proto, CT_DIR_FWD);
-        forget(&fk, &rk);
-    }
-    Act::local(rw)
+    let fk = key(f.daddr, f.dport, v.to_addr, v.to_port, f.proto, CT_DIR_FWD);
+    Act::local(rw).ending_if(f.tcp_flags & TCP_RST != 0, fk, rk)
 }
 
 /// The incremental checksum updates for a rewrite: (field offset, old, new) per address

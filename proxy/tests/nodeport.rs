@@ -53,6 +53,70 @@ mod ebpf_only {
         );
     }
 
+    /// XDP hands a flow to another node over to tc (the route leaves by another
+    /// interface): a reset ends the flow once, where it is sent on. (XDP deleting the
+    /// flow's entries before tc saw the reset made tc take it for a new flow's first
+    /// packet: the backend's connection stayed open, its SNAT port taken, and later flows
+    /// given that port waited for SYN retransmits.)
+    #[test]
+    fn with_xdp_a_reset_ends_its_flow_once() {
+        let args = &["--nodeport-acceleration", "native"];
+        let (w, o, _b) = setup(Mode::Ebpf, args, |w, o| {
+            format!(
+                "{}---\n{}",
+                web_service(w, "NodePort", ""),
+                web_slice(o, false, true)
+            )
+        });
+        o.full_checksums_from_client();
+        let np = SocketAddr::new(o.node_ip(), NODE_PORT);
+        wait_until("the remote backend answers from outside", WAIT, || {
+            let a = o.probe("http", np, 3);
+            if a.iter().all(|a| a.ok) {
+                Ok(())
+            } else {
+                Err(a)
+            }
+        });
+        let sample = format!(
+            "skiff_proxy_translations_total{{service=\"default/web\",frontend=\"*:{NODE_PORT}/tcp (external)\"}}"
+        );
+        let before = w.metric(&sample);
+        assert!(before >= 3.0, "{sample} = {before}:\n{}", w.metrics());
+        const RESETS: u32 = 40;
+        o.client.run(|| {
+            for _ in 0..RESETS {
+                let s = std::net::TcpStream::connect_timeout(&np, WAIT).expect("connect");
+                let linger = libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                };
+                // SAFETY: a valid socket and a correctly sized option value.
+                let r = unsafe {
+                    libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&s),
+                        libc::SOL_SOCKET,
+                        libc::SO_LINGER,
+                        (&linger as *const libc::linger).cast(),
+                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                    )
+                };
+                assert_eq!(r, 0);
+                // Closed with a reset.
+                drop(s);
+            }
+        });
+        // One more request behind the resets on the same link: once it is answered, every
+        // reset before it went through the node's programs.
+        assert!(o.probe("http", np, 1).iter().all(|a| a.ok));
+        let after = w.metric(&sample);
+        assert_eq!(
+            after - before,
+            f64::from(RESETS + 1),
+            "each connection picked a backend once (a reset taken for a new flow picks again)"
+        );
+    }
+
     /// Maglev for the external frontends: the same answers (the table's properties are
     /// unit- and property-tested in `maglev`).
     #[test]
