@@ -8,6 +8,7 @@ pub mod density;
 pub mod node;
 pub mod northsouth;
 pub mod plot;
+pub mod progstats;
 pub mod proxy;
 pub mod scheduler;
 

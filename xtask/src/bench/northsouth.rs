@@ -30,6 +30,7 @@
 //! service and the share of flows that move when one of 100 backends goes.
 
 use super::plot::{self, Chart, Series};
+use super::progstats::{self, Cost};
 use super::proxy::{interleaved, ratio, since, vip, Lane, Opts, Proxy, Stats};
 use crate::setup::{root, run};
 use anyhow::{bail, Context, Result};
@@ -262,6 +263,14 @@ struct Row {
     direct_http_rate: f64,
     load_s: Option<f64>,
     gave_up_s: Option<u64>,
+    /// Why the path could not be measured (it stalled, a connect failed, it never
+    /// answered): the row reports "n/a" with this instead of ending the bench.
+    failed: Option<String>,
+    /// The kernel programs' own cost per run, from a separate pass with the kernel's run
+    /// statistics on (they add a clock read per run: not during the rate measurement).
+    costs: Vec<Cost>,
+    /// The proxy's CPU use during the connect measurement, in cores.
+    proxy_cores: Option<f64>,
 }
 
 pub fn run_bench(opts: &Opts, proxy_bin: &Path, out: &Path, started: Instant) -> Result<()> {
@@ -280,6 +289,10 @@ pub fn run_bench(opts: &Opts, proxy_bin: &Path, out: &Path, started: Instant) ->
             }
             eprintln!("[{}] {} with {n} services", since(started), way.name());
             let row = measure(way, n, opts, proxy_bin, out, &direct)?;
+            if row.failed.is_some() || row.gave_up_s.is_some() {
+                rows.push(row);
+                continue;
+            }
             eprintln!(
                 "    {:.0} conns/s ({:.2}x direct), {:.0} req/s ({:.2}x direct)",
                 row.conn.rate,
@@ -357,7 +370,7 @@ fn measure(
         let t = Instant::now();
         let timeout = Duration::from_secs(opts.sync_timeout_s);
         let Some(p) = Proxy::spawn(cmd, timeout)? else {
-            eprintln!("    initial sync of {n} services did not finish in {timeout:?}: giving up");
+            eprintln!("    did not sync {n} services in {timeout:?}: giving up");
             row.gave_up_s = Some(opts.sync_timeout_s);
             return Ok(());
         };
@@ -376,15 +389,35 @@ fn measure(
         let partner = direct.direct_lane();
         // HTTP first, as in `bench proxy`: reset connections keep the servers busy a while.
         let http = interleaved(&lane, Some(&partner), true, opts.requests, opts.chunk)?;
+        let p = proxy.as_ref().expect("started above");
+        let (cpu0, t0) = (p.cpu_s(), Instant::now());
         let conn = interleaved(&lane, Some(&partner), false, opts.connects, opts.chunk)?;
+        row.proxy_cores = p
+            .cpu_s()
+            .zip(cpu0)
+            .map(|(b, a)| (b - a) / t0.elapsed().as_secs_f64());
         eprintln!(
-            "    connect: {:.0}/s (direct {:.0}/s) p50 {:.1} us p99 {:.1} us max {:.0} us (direct max {:.0} us); http {:.0}/s (direct {:.0}/s)",
-            conn.0.rate, conn.1.rate, conn.0.p50_us, conn.0.p99_us, conn.0.max_us, conn.1.max_us, http.0.rate, http.1.rate
+            "    connect: {:.0}/s (direct {:.0}/s) p50 {:.1} us p99 {:.1} us max {:.0} us (direct max {:.0} us); http {:.0}/s (direct {:.0}/s); proxy {:.2} cores",
+            conn.0.rate, conn.1.rate, conn.0.p50_us, conn.0.p99_us, conn.0.max_us, conn.1.max_us, http.0.rate, http.1.rate, row.proxy_cores.unwrap_or(f64::NAN)
         );
         row.conn = conn.0;
         row.http = http.0;
         row.direct_conn_rate = conn.1.rate;
         row.direct_http_rate = http.1.rate;
+        if ebpf {
+            // The programs' own cost: a shorter connect pass with the run statistics on.
+            let _on = progstats::enable()?;
+            let before = progstats::snapshot(&bpffs)?;
+            interleaved(
+                &lane,
+                None,
+                false,
+                (opts.connects / 4).max(opts.chunk),
+                opts.chunk,
+            )?;
+            row.costs = progstats::costs(&before, &progstats::snapshot(&bpffs)?);
+            eprintln!("    ns per program run: {}", progstats::cell(&row.costs));
+        }
         Ok(())
     })();
     drop(proxy);
@@ -393,7 +426,10 @@ fn measure(
     }
     let _ = std::fs::remove_dir_all(&work);
     drop(w);
-    result?;
+    if let Err(e) = result {
+        eprintln!("    n/a: {e:#}");
+        row.failed = Some(format!("{e:#}"));
+    }
     Ok(row)
 }
 
@@ -446,6 +482,18 @@ fn maglev(proxy_bin: &Path) -> Result<Vec<serde_json::Value>> {
         .collect()
 }
 
+/// An error's text for a Markdown table cell: one line, no column separators, short.
+fn cell_text(s: &str) -> String {
+    let one: String = s
+        .chars()
+        .map(|c| if c == '|' || c.is_control() { ' ' } else { c })
+        .collect();
+    match one.char_indices().nth(120) {
+        Some((i, _)) => format!("{}...", &one[..i]),
+        None => one,
+    }
+}
+
 /// What each figure can and cannot say.
 const LIMITS: &str = "\
 - Rates are those of one sequential client (the mean of the fastest 90% of its operations, \
@@ -461,6 +509,8 @@ is a lower bound of a NIC's.
 - iptables: kube-proxy's layout through the proxy's iptables mode (iptables-nft); a \
 NodePort packet walks all of KUBE-SERVICES, then KUBE-NODEPORTS to the probe's rule.
 - Services above 65,535 cannot all be TCP NodePorts: half are UDP (node ports 10,000-59,999).
+- ns per program run: each attached program's `run_time_ns / run_cnt` from the kernel (`bpf_prog_info`, run statistics on through BPF_ENABLE_STATS only for a separate quarter-size connect pass, since they add a clock read to every run). A connect through a NodePort runs the ingress program for SYN, ACK and RST and the egress program for the SYN-ACK (a local backend; a remote one's replies come in through the other interface's ingress). With XDP both run: XDP first, then tc for whatever XDP passes up.
+- proxy cores: the proxy process's CPU time over the connect measurement's wall time (the user-space proxy is idle once synced; a non-zero figure takes cores from the client).
 - Maglev: in-process in the release proxy binary, one thread, 100 synthetic backends; \
 build time is per service table (what a node spends per Maglev service on a full sync).";
 
@@ -469,27 +519,37 @@ fn report(rows: &[Row], maglev: &[serde_json::Value], opts: &Opts, out: &Path) -
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "| path | services | new conns/s | vs direct | connect p50 us | p99 us | HTTP req/s | vs direct | vs iptables conns | sync to answering s |"
+        "| path | services | new conns/s | vs direct | connect p50 us | p99 us | HTTP req/s | vs direct | vs iptables conns | sync to answering s | proxy cores | ns per program run |"
     );
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
     for r in rows {
-        if let Some(t) = r.gave_up_s {
+        let not_measured = match (&r.gave_up_s, &r.failed) {
+            (Some(t), _) => Some(format!("did not sync in {t} s")),
+            (None, Some(why)) => Some(format!("n/a: {}", cell_text(why))),
+            (None, None) => None,
+        };
+        if let Some(why) = not_measured {
             let _ = writeln!(
                 md,
-                "| {} | {} | - | - | - | - | - | - | - | not done in {t} |",
-                r.way, r.services
+                "| {} | {} | {why} | - | - | - | - | - | - | {} | - | - |",
+                r.way,
+                r.services,
+                r.load_s.map_or("-".into(), |s| format!("{s:.2}")),
             );
             continue;
         }
         let vs_ipt = match r.way {
             "ebpf-tc" | "ebpf-xdp" => find("iptables", r.services)
-                .filter(|i| i.gave_up_s.is_none())
+                .filter(|i| i.gave_up_s.is_none() && i.failed.is_none())
                 .map_or("-".into(), |i| ratio(r.conn.rate, i.conn.rate)),
             _ => "-".into(),
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} | {} |",
             r.way,
             if r.way == "direct" {
                 "-".to_string()
@@ -504,6 +564,8 @@ fn report(rows: &[Row], maglev: &[serde_json::Value], opts: &Opts, out: &Path) -
             ratio(r.http.rate, r.direct_http_rate),
             vs_ipt,
             r.load_s.map_or("-".into(), |s| format!("{s:.2}")),
+            r.proxy_cores.map_or("-".into(), |c| format!("{c:.2}")),
+            progstats::cell(&r.costs),
         );
     }
     let _ = writeln!(
@@ -540,6 +602,10 @@ fn report(rows: &[Row], maglev: &[serde_json::Value], opts: &Opts, out: &Path) -
             "conn_rate_vs_direct": r.conn.rate / r.direct_conn_rate.max(1e-9),
             "http_rate_vs_direct": r.http.rate / r.direct_http_rate.max(1e-9),
             "sync_to_answering_s": r.load_s, "gave_up_after_s": r.gave_up_s,
+            "not_measured": r.failed, "proxy_cores": r.proxy_cores,
+            "program_costs": r.costs.iter().map(|c| json!({
+                "program": c.program, "runs": c.runs, "ns_per_run": c.ns_per_run,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "maglev": maglev,
     });

@@ -24,7 +24,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(clap::Args)]
@@ -354,10 +354,18 @@ impl Lane<'_> {
 /// A `bench-client chunks` process.
 struct ChunkClient {
     child: Child,
-    input: std::process::ChildStdin,
-    output: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    /// `None` once finished (closing it ends the client).
+    input: Option<std::process::ChildStdin>,
+    /// The client's output lines, read by a thread of their own so a stalled path is
+    /// noticed within `CHUNK_DEADLINE` instead of blocking the bench.
+    output: mpsc::Receiver<std::io::Result<String>>,
     lat: Vec<f64>,
 }
+
+/// The longest one chunk may take: far above any healthy chunk (milliseconds; a few SYN
+/// retransmits add seconds), short enough that a path that stopped answering ends its
+/// setup with "n/a" instead of hanging the bench.
+const CHUNK_DEADLINE: Duration = Duration::from_secs(60);
 
 impl ChunkClient {
     fn spawn(lane: &Lane, http: bool, chunk: usize) -> Result<ChunkClient> {
@@ -377,10 +385,18 @@ impl ChunkClient {
         }
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
         let input = child.stdin.take().expect("piped");
-        let output = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, output) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         Ok(ChunkClient {
             child,
-            input,
+            input: Some(input),
             output,
             lat: Vec::new(),
         })
@@ -388,13 +404,21 @@ impl ChunkClient {
 
     fn chunk(&mut self) -> Result<()> {
         use std::io::Write as _;
-        writeln!(self.input, "go")?;
-        self.input.flush()?;
-        let line = self
-            .output
-            .next()
-            .transpose()?
-            .context("bench client ended early")?;
+        let input = self
+            .input
+            .as_mut()
+            .context("bench client already finished")?;
+        writeln!(input, "go")?;
+        input.flush()?;
+        let line = match self.output.recv_timeout(CHUNK_DEADLINE) {
+            Ok(line) => line?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("stalled: a chunk not done in {CHUNK_DEADLINE:?}")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the bench client ended early (a failed connect or request)")
+            }
+        };
         let v: serde_json::Value = serde_json::from_str(&line)?;
         let lat: Vec<f64> = v["lat_us"]
             .as_array()
@@ -407,7 +431,7 @@ impl ChunkClient {
     }
 
     fn finish(mut self) -> Result<Stats> {
-        drop(self.input);
+        drop(self.input.take());
         self.child.wait()?;
         self.lat.sort_by(f64::total_cmp);
         let pct = |p: f64| {
@@ -428,6 +452,16 @@ impl ChunkClient {
             p99_us: pct(0.99),
             max_us: pct(1.0),
         })
+    }
+}
+
+impl Drop for ChunkClient {
+    /// A client given up on (a stalled path) is ended, not waited for.
+    fn drop(&mut self) {
+        if self.input.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -655,6 +689,21 @@ impl Proxy {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+impl Proxy {
+    /// CPU seconds the proxy process has used so far (user + system, from /proc).
+    pub(super) fn cpu_s(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        // Fields after the command name (which may hold spaces) in parentheses: utime and
+        // stime are the 12th and 13th.
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        (hz > 0).then(|| ticks as f64 / hz as f64)
     }
 }
 
