@@ -98,6 +98,9 @@ struct Row {
     load_s: Option<f64>,
     /// The initial sync did not finish within this many seconds: nothing else measured.
     gave_up_s: Option<u64>,
+    /// The kernel programs' own cost per run (eBPF: connect4 and the rest of the socket
+    /// hooks), from a separate pass with the run statistics on.
+    costs: Vec<super::progstats::Cost>,
 }
 
 const BACKEND_1: &str = "127.0.0.2";
@@ -292,6 +295,19 @@ fn measure(
         row.direct_conn_rate = conn.1.rate;
         row.http_rate = http.0.rate;
         row.direct_http_rate = http.1.rate;
+        if mode == Mode::Ebpf {
+            // The programs' own cost: a shorter connect pass with the run statistics on
+            // (they add a clock read per run: not during the rate measurement).
+            let _on = super::progstats::enable()?;
+            let before = super::progstats::snapshot(&bpffs)?;
+            let pass = (opts.connects / 4).max(opts.chunk);
+            interleaved(&lane, None, false, pass, opts.chunk)?;
+            row.costs = super::progstats::costs(&before, &super::progstats::snapshot(&bpffs)?);
+            eprintln!(
+                "    ns per program run: {}",
+                super::progstats::cell(&row.costs)
+            );
+        }
         if let Some(p) = &proxy {
             let (mut change, mut apply) = (vec![], vec![]);
             for (i, (ip, name)) in [
@@ -749,17 +765,17 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "| path | services | new conns/s | vs direct | connect p50 us | p99 us | HTTP req/s | vs direct | ebpf / iptables conns | initial sync s | endpoint change to traffic ms | proxy apply ms |"
+        "| path | services | new conns/s | vs direct | connect p50 us | p99 us | HTTP req/s | vs direct | ebpf / iptables conns | initial sync s | endpoint change to traffic ms | proxy apply ms | ns per program run |"
     );
     let _ = writeln!(
         md,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for r in rows {
         if let Some(t) = r.gave_up_s {
             let _ = writeln!(
                 md,
-                "| {} | {} | - | - | - | - | - | - | - | not done in {t} | - | - |",
+                "| {} | {} | - | - | - | - | - | - | - | not done in {t} | - | - | - |",
                 r.mode, r.services
             );
             continue;
@@ -772,7 +788,7 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} |",
             r.mode,
             if r.mode == "direct" {
                 "-".to_string()
@@ -793,6 +809,7 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
             },
             opt_ms(r.change_ms),
             opt_ms(r.apply_ms),
+            super::progstats::cell(&r.costs),
         );
     }
     println!("\n{md}");
@@ -809,6 +826,9 @@ fn report(rows: &[Row], opts: &Opts, out: &Path) -> Result<()> {
             "conn_rate_vs_direct": r.conn_rate / r.direct_conn_rate.max(1e-9),
             "http_rate_vs_direct": r.http_rate / r.direct_http_rate.max(1e-9),
             "initial_sync_s": r.load_s, "gave_up_after_s": r.gave_up_s, "endpoint_change_ms": r.change_ms, "apply_ms": r.apply_ms,
+            "program_costs": r.costs.iter().map(|c| json!({
+                "program": c.program, "runs": c.runs, "ns_per_run": c.ns_per_run,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
     std::fs::write(out.join("proxy.json"), serde_json::to_string_pretty(&json)?)?;
