@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::ByteString;
 use serde_json::json;
 use skiff_tests::registry::ECHO_IMAGE;
@@ -424,6 +424,120 @@ async fn config_maps_and_secrets_reach_files_and_env() {
     }
     let (code, _) = exec(&node, &s, "c", &["/echo", "write", "/tmp/x", "y"]).await;
     assert_ne!(code, 0, "the root filesystem is read-only");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_projected_token_is_renewed_in_place_and_services_become_variables() {
+    let node = TestNode::start("projected").await;
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": "PEM"}}),
+    )
+    .unwrap();
+    node.objects
+        .config_maps
+        .lock()
+        .unwrap()
+        .insert(("default".into(), "kube-root-ca.crt".into()), cm);
+    for (ns, name, ip, port) in [
+        ("default", "kubernetes", "10.96.0.1", 443),
+        ("default", "web-front", "10.96.0.20", 8080),
+        ("other", "elsewhere", "10.96.0.30", 80),
+    ] {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"clusterIP": ip, "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}
+        }))
+        .unwrap();
+        node.objects
+            .services
+            .lock()
+            .unwrap()
+            .insert((ns.into(), name.into()), svc);
+    }
+    // The API's minimum life is 600 s; the test's fake TokenRequest honours 2 s, so the
+    // renewal (at 80%) happens while the test watches, in a running container.
+    let p = pod(json!({
+        "metadata": {"name": "sa-user"},
+        "spec": {
+            "serviceAccountName": "robot",
+            "volumes": [{"name": "api", "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 2}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+            ]}}],
+            "containers": [{
+                "name": "c", "image": ECHO_IMAGE,
+                "env": [{"name": "WEB_FRONT_SERVICE_HOST", "value": "mine"}],
+                "volumeMounts": [{"name": "api", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+            }]
+        }
+    }));
+    let _h = node.spawn(&p);
+    let s = node.wait_status(&uid(&p), "Running", T, |s| phase(s) == "Running");
+    let dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let (_, out) = exec(
+        &node,
+        &s,
+        "c",
+        &[
+            "/echo",
+            "cat",
+            &format!("{dir}/ca.crt"),
+            &format!("{dir}/namespace"),
+        ],
+    )
+    .await;
+    assert_eq!(out, "PEMdefault");
+    let (_, first) = exec(&node, &s, "c", &["/echo", "cat", &format!("{dir}/token")]).await;
+    assert!(first.ends_with("-default-robot"), "{first}");
+    let request = node.objects.token_requests.lock().unwrap()[0].clone();
+    let bound = request.spec.bound_object_ref.unwrap();
+    assert_eq!(
+        (bound.kind.as_deref(), bound.uid),
+        (Some("Pod"), p.metadata.uid.clone())
+    );
+    let (code, _) = exec(
+        &node,
+        &s,
+        "c",
+        &["/echo", "write", &format!("{dir}/token"), "x"],
+    )
+    .await;
+    assert_ne!(code, 0, "a projected volume is read-only");
+
+    // Renewed in place: the same container reads a new token.
+    let mut renewed = String::new();
+    for _ in 0..60 {
+        let (_, now) = exec(&node, &s, "c", &["/echo", "cat", &format!("{dir}/token")]).await;
+        if now != first && !now.is_empty() {
+            renewed = now;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        renewed.ends_with("-default-robot"),
+        "the token was renewed: {renewed:?}"
+    );
+    let still = node.status(&uid(&p)).expect("a status");
+    assert_eq!(phase(&still), "Running", "renewal does not restart the pod");
+
+    let (_, env) = exec(&node, &s, "c", &["/echo", "env"]).await;
+    for line in [
+        "KUBERNETES_SERVICE_HOST=10.96.0.1",
+        "KUBERNETES_SERVICE_PORT=443",
+        "KUBERNETES_SERVICE_PORT_HTTPS=443",
+        "KUBERNETES_PORT=tcp://10.96.0.1:443",
+        "KUBERNETES_PORT_443_TCP_ADDR=10.96.0.1",
+        "WEB_FRONT_SERVICE_HOST=mine",
+        "WEB_FRONT_PORT_8080_TCP=tcp://10.96.0.20:8080",
+    ] {
+        assert!(env.lines().any(|l| l == line), "{line} in {env}");
+    }
+    assert!(
+        !env.contains("ELSEWHERE_"),
+        "another namespace's service: {env}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

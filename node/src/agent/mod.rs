@@ -1,5 +1,6 @@
 //! The node agent: registers its Node, renews its Lease, watches the pods bound to it and
-//! runs them through its pod workers, routes to other nodes' pods, and serves the kubelet API.
+//! runs them through its pod workers, caches Services for their containers' variables,
+//! routes to other nodes' pods, and serves the kubelet API.
 //! Everything it knows comes from watches on the API server; everything it says goes back
 //! through the API.
 
@@ -9,6 +10,7 @@ pub mod pods;
 pub mod pressure;
 mod report;
 mod routes;
+mod services;
 
 use crate::cni::{self, Cidr};
 use crate::containerd::{Containerd, ContainerdError, RuntimeSettings};
@@ -179,6 +181,7 @@ impl RunningAgent {
             metrics.clone(),
             starts.clone(),
         );
+        let services = services::ServiceCache::default();
         let ctx = Arc::new(NodeContext {
             node: config.name.clone(),
             layout: layout.clone(),
@@ -186,6 +189,7 @@ impl RunningAgent {
             host_ip: Some(ip.to_string()),
             objects: Arc::new(report::ApiObjects {
                 client: client.clone(),
+                services: services.clone(),
             }),
             reporter: Arc::new(reporter),
             timing: config.timing.clone(),
@@ -244,6 +248,9 @@ impl RunningAgent {
             routes.clone(),
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(
+            services.watch(client.clone(), shutdown.clone()),
+        ));
         tasks.push(tokio::spawn(pod_watch(
             client,
             config.name.clone(),

@@ -1,18 +1,21 @@
 //! The pod workers' outputs written to the API: statuses (coalesced per pod, so a burst of
 //! changes is one write), Events (through the correlating writer in `events.rs`), and the
-//! final removal of a gracefully deleted pod; and their inputs read from it: ConfigMaps and
-//! Secrets.
+//! final removal of a gracefully deleted pod; and their inputs read from it: ConfigMaps,
+//! Secrets and service account tokens (Services come from the agent's cache).
 
+use super::services::ServiceCache;
 use crate::metrics::Metrics;
 use crate::names::NodeName;
 use crate::pod::events::PodEvent;
+use crate::pod::token::IssuedToken;
 use crate::pod::{now, Objects, PodRef, Reporter};
 use futures::future::BoxFuture;
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Event, EventSource, ObjectReference, Pod, PodStatus, Secret,
+    ConfigMap, Event, EventSource, ObjectReference, Pod, PodStatus, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -203,9 +206,11 @@ async fn finish_deletion(client: &Client, p: &PodRef, metrics: &Metrics) {
     }
 }
 
-/// ConfigMaps and Secrets read from the API when a pod needs them.
+/// ConfigMaps, Secrets and tokens requested from the API when a pod needs them; Services
+/// from the agent's cache.
 pub struct ApiObjects {
     pub client: Client,
+    pub services: ServiceCache,
 }
 
 impl Objects for ApiObjects {
@@ -228,5 +233,32 @@ impl Objects for ApiObjects {
             let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
             api.get_opt(name).await.map_err(|e| e.to_string())
         })
+    }
+    fn service_account_token<'a>(
+        &'a self,
+        ns: &'a str,
+        account: &'a str,
+        request: TokenRequest,
+    ) -> BoxFuture<'a, Result<IssuedToken, String>> {
+        Box::pin(async move {
+            let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), ns);
+            let answer = api
+                .create_token_request(account, &PostParams::default(), &request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = answer
+                .status
+                .ok_or("the TokenRequest was answered without a status")?;
+            Ok(IssuedToken {
+                token: status.token,
+                expires: status.expiration_timestamp.0.into(),
+            })
+        })
+    }
+    fn service(&self, ns: &str, name: &str) -> Result<Option<Service>, String> {
+        self.services.get(ns, name)
+    }
+    fn services(&self, ns: &str) -> Result<Vec<Service>, String> {
+        self.services.in_namespace(ns)
     }
 }

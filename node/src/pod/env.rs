@@ -1,9 +1,12 @@
 //! A container's environment: literal values, the downward API (`fieldRef`), ConfigMap and
 //! Secret keys (`valueFrom` and `envFrom`), resolved the way the kubelet does, including
-//! `$(VAR)` references to variables defined earlier.
+//! `$(VAR)` references to variables defined earlier; and the Services' variables
+//! (`KUBERNETES_SERVICE_HOST` and, with enableServiceLinks, every Service of the namespace
+//! as `<NAME>_SERVICE_HOST`, `<NAME>_PORT_<port>_TCP`, ...), which the container's own
+//! variables override.
 
 use super::Objects;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Service};
 use std::collections::BTreeMap;
 
 /// Why an environment could not be built (the container waits with CreateContainerConfigError).
@@ -67,7 +70,14 @@ pub async fn resolve(
     objects: &dyn Objects,
 ) -> Result<Vec<(String, String)>, EnvError> {
     let ns = facts.pod.metadata.namespace.as_deref().unwrap_or("default");
-    let mut out: Vec<(String, String)> = Vec::new();
+    let links = facts
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.enable_service_links)
+        .unwrap_or(true);
+    // First, so that the container's variables override them and `$(VAR)` sees them.
+    let mut out: Vec<(String, String)> = service_variables(objects, ns, links)?;
     let set = |out: &mut Vec<(String, String)>, k: String, v: String| match out
         .iter_mut()
         .find(|(name, _)| *name == k)
@@ -145,6 +155,70 @@ pub async fn resolve(
     Ok(out)
 }
 
+/// The variables of the Services a pod in `ns` sees: `default/kubernetes` always (the API's
+/// address for in-cluster clients), and with `links` every Service of `ns` (which wins over
+/// `default/kubernetes` for the same name, as in the kubelet).
+pub fn service_variables(
+    objects: &dyn Objects,
+    ns: &str,
+    links: bool,
+) -> Result<Vec<(String, String)>, EnvError> {
+    let mut chosen: BTreeMap<String, Service> = BTreeMap::new();
+    if let Some(api) = objects.service("default", "kubernetes").map_err(EnvError)? {
+        chosen.insert("kubernetes".into(), api);
+    }
+    if links {
+        for s in objects.services(ns).map_err(EnvError)? {
+            chosen.insert(s.metadata.name.clone().unwrap_or_default(), s);
+        }
+    }
+    Ok(chosen.values().flat_map(link_variables).collect())
+}
+
+/// One Service's variables (none without a cluster IP): `<NAME>_SERVICE_HOST`,
+/// `<NAME>_SERVICE_PORT` (the first port), `<NAME>_SERVICE_PORT_<PORTNAME>`, and the Docker
+/// link variables `<NAME>_PORT`, `<NAME>_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]`.
+pub fn link_variables(svc: &Service) -> Vec<(String, String)> {
+    let spec = svc.spec.as_ref();
+    let Some(ip) = spec
+        .and_then(|s| s.cluster_ip.as_deref())
+        .filter(|ip| !ip.is_empty() && *ip != "None")
+    else {
+        return Vec::new();
+    };
+    let upper = |s: &str| s.to_uppercase().replace('-', "_");
+    let name = upper(svc.metadata.name.as_deref().unwrap_or_default());
+    let ports = spec.and_then(|s| s.ports.as_deref()).unwrap_or_default();
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    };
+    let mut out = vec![(format!("{name}_SERVICE_HOST"), ip.to_string())];
+    for (i, p) in ports.iter().enumerate() {
+        let port = p.port.to_string();
+        if i == 0 {
+            out.push((format!("{name}_SERVICE_PORT"), port.clone()));
+        }
+        if let Some(pn) = p.name.as_deref().filter(|n| !n.is_empty()) {
+            out.push((format!("{name}_SERVICE_PORT_{}", upper(pn)), port.clone()));
+        }
+    }
+    for (i, p) in ports.iter().enumerate() {
+        let proto = p.protocol.as_deref().unwrap_or("TCP");
+        let url = format!("{}://{host}:{}", proto.to_lowercase(), p.port);
+        let prefix = format!("{name}_PORT_{}_{}", p.port, proto.to_uppercase());
+        if i == 0 {
+            out.push((format!("{name}_PORT"), url.clone()));
+        }
+        out.push((format!("{prefix}_PROTO"), proto.to_lowercase()));
+        out.push((format!("{prefix}_PORT"), p.port.to_string()));
+        out.push((format!("{prefix}_ADDR"), ip.to_string()));
+        out.push((prefix, url));
+    }
+    out
+}
+
 /// Expands `$(NAME)` from variables defined so far; `$$` escapes; unknown references stay.
 pub fn expand(value: &str, defined: &[(String, String)]) -> String {
     let mut out = String::with_capacity(value.len());
@@ -210,6 +284,44 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn service_variables_as_the_kubelet_names_them() {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "my-api", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.1", "ports": [
+                {"name": "https", "port": 443, "protocol": "TCP"},
+                {"name": "dns-udp", "port": 53, "protocol": "UDP"}
+            ]}
+        }))
+        .unwrap();
+        let got: BTreeMap<String, String> = link_variables(&svc).into_iter().collect();
+        let want: BTreeMap<String, String> = [
+            ("MY_API_SERVICE_HOST", "10.96.0.1"),
+            ("MY_API_SERVICE_PORT", "443"),
+            ("MY_API_SERVICE_PORT_HTTPS", "443"),
+            ("MY_API_SERVICE_PORT_DNS_UDP", "53"),
+            ("MY_API_PORT", "tcp://10.96.0.1:443"),
+            ("MY_API_PORT_443_TCP", "tcp://10.96.0.1:443"),
+            ("MY_API_PORT_443_TCP_PROTO", "tcp"),
+            ("MY_API_PORT_443_TCP_PORT", "443"),
+            ("MY_API_PORT_443_TCP_ADDR", "10.96.0.1"),
+            ("MY_API_PORT_53_UDP", "udp://10.96.0.1:53"),
+            ("MY_API_PORT_53_UDP_PROTO", "udp"),
+            ("MY_API_PORT_53_UDP_PORT", "53"),
+            ("MY_API_PORT_53_UDP_ADDR", "10.96.0.1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(got, want);
+
+        let headless: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "h"}, "spec": {"clusterIP": "None"}
+        }))
+        .unwrap();
+        assert!(link_variables(&headless).is_empty());
     }
 
     #[test]

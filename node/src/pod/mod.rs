@@ -7,6 +7,7 @@
 //! ConfigMaps and Secrets through [`Objects`], status and events go out through [`Reporter`].
 //! The agent wires these to the API; tests drive the worker with Pod objects directly.
 
+mod atomic_dir;
 pub mod backoff;
 mod container;
 pub mod env;
@@ -16,6 +17,7 @@ mod probe;
 pub mod resources;
 pub mod spec;
 pub mod status;
+pub mod token;
 pub mod volumes;
 mod worker;
 
@@ -25,7 +27,8 @@ use crate::names::NodeName;
 use backoff::BackOffPolicy;
 use events::PodEvent;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use std::fmt;
@@ -63,7 +66,8 @@ impl fmt::Display for PodRef {
     }
 }
 
-/// Where ConfigMaps and Secrets that pods reference come from (the API, or a test's map).
+/// Where what pods reference comes from (the API and the agent's caches, or a test's maps):
+/// ConfigMaps, Secrets, service account tokens, and the Services whose variables pods get.
 pub trait Objects: Send + Sync {
     fn config_map<'a>(
         &'a self,
@@ -75,6 +79,17 @@ pub trait Objects: Send + Sync {
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Secret>, String>>;
+    /// A token of service account `namespace/account` (a TokenRequest).
+    fn service_account_token<'a>(
+        &'a self,
+        namespace: &'a str,
+        account: &'a str,
+        request: TokenRequest,
+    ) -> BoxFuture<'a, Result<token::IssuedToken, String>>;
+    /// One Service, from a cache (Err until the cache has been filled once).
+    fn service(&self, namespace: &str, name: &str) -> Result<Option<Service>, String>;
+    /// Every Service of a namespace, from a cache (Err until it has been filled once).
+    fn services(&self, namespace: &str) -> Result<Vec<Service>, String>;
 }
 
 /// Where the worker's observations go (the API writer, or a test's collector).

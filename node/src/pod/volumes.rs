@@ -1,15 +1,21 @@
-//! Pod volumes on the node: emptyDir, configMap, secret, downwardAPI (files the agent writes
-//! under the pod's directory) and hostPath, and the CRI mounts of each container.
+//! Pod volumes on the node: emptyDir, configMap, secret, downwardAPI and projected
+//! (serviceAccountToken, configMap, secret, downwardAPI sources: files the agent writes under
+//! the pod's directory, atomically, mounted read-only) and hostPath, and the CRI mounts of
+//! each container. A projected token is renewed by the pod's worker at [`Volumes::refresh_due`].
 
+use super::atomic_dir::{self, PayloadFile};
 use super::env::{config_map_data, field, secret_data, PodFacts};
-use super::Objects;
+use super::{token, Objects};
 use crate::layout::Layout;
 use control_plane::machinery::quantity::Quantity;
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, KeyToPath, Pod};
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, KeyToPath, Pod, ProjectedVolumeSource,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
+use std::time::SystemTime;
 
 /// A volume that could not be set up (the pod waits, with a FailedMount event).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,10 +25,25 @@ pub struct VolumeError {
     pub message: String,
 }
 
-/// The host path behind each of a pod's volumes.
+/// Whether a container may write to a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    ReadWrite,
+    /// configMap, secret, downwardAPI and projected volumes: whatever the mount says.
+    ReadOnly,
+}
+
+#[derive(Debug, Clone)]
+struct HostVolume {
+    path: PathBuf,
+    access: Access,
+}
+
+/// The host path behind each of a pod's volumes, and when its tokens must be renewed.
 #[derive(Debug, Default, Clone)]
 pub struct Volumes {
-    host_paths: HashMap<String, PathBuf>,
+    host_paths: HashMap<String, HostVolume>,
+    refresh: Option<SystemTime>,
 }
 
 fn err(volume: &str, message: impl Into<String>) -> VolumeError {
@@ -45,7 +66,10 @@ pub async fn prepare(
     let mut out = Volumes::default();
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let io = |e: std::io::Error| err(&v.name, e.to_string());
+        // What the API projects into a pod is never the pod's to change.
+        let mut access = Access::ReadOnly;
         let path = if let Some(ed) = &v.empty_dir {
+            access = Access::ReadWrite;
             let p = root.join("empty-dir").join(&v.name);
             std::fs::create_dir_all(&p).map_err(io)?;
             if ed.medium.as_deref() == Some("Memory") && !is_mount_point(&p) {
@@ -60,58 +84,37 @@ pub async fn prepare(
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).map_err(io)?;
             p
         } else if let Some(src) = &v.config_map {
-            let data = config_map_data(objects, ns, &src.name)
+            let mode = src.default_mode.unwrap_or(DEFAULT_MODE);
+            let data = config_map(objects, ns, &src.name, src.optional)
                 .await
-                .map_err(|e| err(&v.name, e.0))?;
-            let data = match data {
-                Some(d) => d,
-                None if src.optional.unwrap_or(false) => BTreeMap::new(),
-                None => {
-                    return Err(err(
-                        &v.name,
-                        format!("configmap \"{}\" not found", src.name),
-                    ))
-                }
-            };
+                .map_err(|e| err(&v.name, e))?;
             let p = root.join("configmap").join(&v.name);
-            write_files(
-                &p,
-                &data,
-                src.items.as_deref(),
-                src.default_mode.unwrap_or(0o644),
-            )
-            .map_err(io)?;
+            atomic_dir::write(&p, &select(&data, src.items.as_deref(), mode)).map_err(io)?;
             p
         } else if let Some(src) = &v.secret {
+            let mode = src.default_mode.unwrap_or(DEFAULT_MODE);
             let name = src.secret_name.clone().unwrap_or_default();
-            let data = secret_data(objects, ns, &name)
+            let data = secret(objects, ns, &name, src.optional)
                 .await
-                .map_err(|e| err(&v.name, e.0))?;
-            let data = match data {
-                Some(d) => d,
-                None if src.optional.unwrap_or(false) => BTreeMap::new(),
-                None => return Err(err(&v.name, format!("secret \"{name}\" not found"))),
-            };
+                .map_err(|e| err(&v.name, e))?;
             let p = root.join("secret").join(&v.name);
-            write_files(
-                &p,
-                &data,
-                src.items.as_deref(),
-                src.default_mode.unwrap_or(0o644),
-            )
-            .map_err(io)?;
+            atomic_dir::write(&p, &select(&data, src.items.as_deref(), mode)).map_err(io)?;
             p
         } else if let Some(src) = &v.downward_api {
-            let mut data = BTreeMap::new();
-            for item in src.items.iter().flatten() {
-                let Some(f) = &item.field_ref else { continue };
-                let value = field(facts, &f.field_path).map_err(|e| err(&v.name, e.0))?;
-                data.insert(item.path.clone(), value);
-            }
+            let mode = src.default_mode.unwrap_or(DEFAULT_MODE);
+            let files = downward(facts, src.items.as_deref(), mode).map_err(|e| err(&v.name, e))?;
             let p = root.join("downward-api").join(&v.name);
-            write_files(&p, &data, None, src.default_mode.unwrap_or(0o644)).map_err(io)?;
+            atomic_dir::write(&p, &files).map_err(io)?;
+            p
+        } else if let Some(src) = &v.projected {
+            let files = projected(facts, ns, src, objects, &mut out.refresh)
+                .await
+                .map_err(|e| err(&v.name, e))?;
+            let p = root.join("projected").join(&v.name);
+            atomic_dir::write(&p, &files).map_err(io)?;
             p
         } else if let Some(src) = &v.host_path {
+            access = Access::ReadWrite;
             let p = PathBuf::from(&src.path);
             match src.type_.as_deref() {
                 Some("DirectoryOrCreate") => std::fs::create_dir_all(&p).map_err(io)?,
@@ -142,47 +145,121 @@ pub async fn prepare(
         } else {
             return Err(err(&v.name, "unsupported volume type on this node"));
         };
-        out.host_paths.insert(v.name.clone(), path);
+        out.host_paths
+            .insert(v.name.clone(), HostVolume { path, access });
     }
     Ok(out)
 }
 
-/// Writes `data` as files under `dir` (only `items` if given), replacing what was there.
-fn write_files(
-    dir: &Path,
+/// Files' mode when the volume says none (the API's default, 0644).
+const DEFAULT_MODE: i32 = 0o644;
+
+/// A ConfigMap's data; an absent optional one is empty.
+async fn config_map(
+    objects: &dyn Objects,
+    ns: &str,
+    name: &str,
+    optional: Option<bool>,
+) -> Result<BTreeMap<String, String>, String> {
+    match config_map_data(objects, ns, name).await.map_err(|e| e.0)? {
+        Some(d) => Ok(d),
+        None if optional.unwrap_or(false) => Ok(BTreeMap::new()),
+        None => Err(format!("configmap \"{name}\" not found")),
+    }
+}
+
+/// A Secret's data; an absent optional one is empty.
+async fn secret(
+    objects: &dyn Objects,
+    ns: &str,
+    name: &str,
+    optional: Option<bool>,
+) -> Result<BTreeMap<String, String>, String> {
+    match secret_data(objects, ns, name).await.map_err(|e| e.0)? {
+        Some(d) => Ok(d),
+        None if optional.unwrap_or(false) => Ok(BTreeMap::new()),
+        None => Err(format!("secret \"{name}\" not found")),
+    }
+}
+
+/// The files of a downwardAPI volume or projection (fieldRef items; others are skipped).
+fn downward(
+    facts: &PodFacts<'_>,
+    items: Option<&[DownwardAPIVolumeFile]>,
+    mode: i32,
+) -> Result<Vec<PayloadFile>, String> {
+    let mut files = Vec::new();
+    for item in items.into_iter().flatten() {
+        let Some(f) = &item.field_ref else { continue };
+        let value = field(facts, &f.field_path).map_err(|e| e.0)?;
+        files.extend(PayloadFile::new(
+            &item.path,
+            value,
+            item.mode.unwrap_or(mode),
+        ));
+    }
+    Ok(files)
+}
+
+/// The files of a projected volume: each source's, in order; a service account token is
+/// requested for the pod, and `refresh` lowered to when it must be renewed.
+async fn projected(
+    facts: &PodFacts<'_>,
+    ns: &str,
+    src: &ProjectedVolumeSource,
+    objects: &dyn Objects,
+    refresh: &mut Option<SystemTime>,
+) -> Result<Vec<PayloadFile>, String> {
+    let mode = src.default_mode.unwrap_or(DEFAULT_MODE);
+    let mut files = Vec::new();
+    for s in src.sources.iter().flatten() {
+        if let Some(cm) = &s.config_map {
+            let data = config_map(objects, ns, &cm.name, cm.optional).await?;
+            files.extend(select(&data, cm.items.as_deref(), mode));
+        } else if let Some(sec) = &s.secret {
+            let data = secret(objects, ns, &sec.name, sec.optional).await?;
+            files.extend(select(&data, sec.items.as_deref(), mode));
+        } else if let Some(d) = &s.downward_api {
+            files.extend(downward(facts, d.items.as_deref(), mode)?);
+        } else if let Some(t) = &s.service_account_token {
+            let account = token::service_account(facts.pod);
+            let issued_at = SystemTime::now();
+            let issued = objects
+                .service_account_token(ns, account, token::request(facts.pod, t))
+                .await
+                .map_err(|e| format!("failed to fetch token: {e}"))?;
+            let due = token::refresh_at(issued_at, issued.expires);
+            *refresh = Some(refresh.map_or(due, |r| r.min(due)));
+            files.extend(PayloadFile::new(&t.path, issued.token, mode));
+        } else {
+            return Err("unsupported projected volume source on this node".into());
+        }
+    }
+    Ok(files)
+}
+
+/// `data` as files (only `items` if given, each with its own mode if it has one).
+fn select(
     data: &BTreeMap<String, String>,
     items: Option<&[KeyToPath]>,
     mode: i32,
-) -> std::io::Result<()> {
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir)?;
-    let entries: Vec<(&str, &str, i32)> = match items {
+) -> Vec<PayloadFile> {
+    match items {
         Some(items) => items
             .iter()
             .filter_map(|i| {
-                data.get(&i.key)
-                    .map(|v| (i.path.as_str(), v.as_str(), i.mode.unwrap_or(mode)))
+                let value = data.get(&i.key)?;
+                PayloadFile::new(&i.path, value.as_bytes(), i.mode.unwrap_or(mode))
             })
             .collect(),
         None => data
             .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str(), mode))
+            .filter_map(|(k, v)| PayloadFile::new(k, v.as_bytes(), mode))
             .collect(),
-    };
-    for (rel, value, mode) in entries {
-        let Some(path) = safe_join(dir, rel) else {
-            continue;
-        };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&path, value)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode as u32 & 0o7777))?;
     }
-    Ok(())
 }
 
-/// `dir/rel` when `rel` stays inside `dir` (no `..`, not absolute): keys come from the API.
+/// `dir/rel` when `rel` stays inside `dir` (no `..`, not absolute): paths come from the API.
 fn safe_join(dir: &Path, rel: &str) -> Option<PathBuf> {
     let rel = Path::new(rel);
     rel.components()
@@ -191,11 +268,21 @@ fn safe_join(dir: &Path, rel: &str) -> Option<PathBuf> {
 }
 
 impl Volumes {
+    /// When the projected service account tokens must be renewed (None: the pod has none).
+    pub fn refresh_due(&self) -> Option<SystemTime> {
+        self.refresh
+    }
+
+    /// A renewal failed: try again at `at` (the tokens in place stay valid until then).
+    pub fn retry_refresh_at(&mut self, at: SystemTime) {
+        self.refresh = Some(at);
+    }
+
     /// The CRI mounts for one container's volumeMounts.
     pub fn mounts(&self, container: &Container) -> Result<Vec<cri::Mount>, VolumeError> {
         let mut out = Vec::new();
         for m in container.volume_mounts.iter().flatten() {
-            let Some(host) = self.host_paths.get(&m.name) else {
+            let Some(HostVolume { path: host, access }) = self.host_paths.get(&m.name) else {
                 return Err(err(&m.name, "no volume of that name in the pod"));
             };
             let host = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
@@ -212,7 +299,7 @@ impl Volumes {
             out.push(cri::Mount {
                 container_path: m.mount_path.clone(),
                 host_path: host.to_string_lossy().into_owned(),
-                readonly: m.read_only.unwrap_or(false),
+                readonly: *access == Access::ReadOnly || m.read_only.unwrap_or(false),
                 ..Default::default()
             });
         }
@@ -294,22 +381,27 @@ mod tests {
 
     #[test]
     fn files_from_items_with_modes() {
-        let dir = tempfile::tempdir().unwrap();
         let mut data = BTreeMap::new();
         data.insert("a".to_string(), "1".to_string());
         data.insert("b".to_string(), "2".to_string());
-        let items = [KeyToPath {
-            key: "b".into(),
-            path: "sub/bee".into(),
-            mode: Some(0o600),
-        }];
-        write_files(dir.path(), &data, Some(&items), 0o644).unwrap();
-        assert!(!dir.path().join("a").exists());
-        let bee = dir.path().join("sub/bee");
-        assert_eq!(std::fs::read_to_string(&bee).unwrap(), "2");
+        let items = [
+            KeyToPath {
+                key: "b".into(),
+                path: "sub/bee".into(),
+                mode: Some(0o600),
+            },
+            KeyToPath {
+                key: "a".into(),
+                path: "../escape".into(),
+                mode: None,
+            },
+        ];
+        let files = select(&data, Some(&items), 0o644);
         assert_eq!(
-            std::fs::metadata(&bee).unwrap().permissions().mode() & 0o777,
-            0o600
+            files,
+            vec![PayloadFile::new("sub/bee", "2", 0o600).unwrap()]
         );
+        assert_eq!(select(&data, None, 0o640).len(), 2);
+        assert!(select(&data, None, 0o640).iter().all(|f| f.mode == 0o640));
     }
 }

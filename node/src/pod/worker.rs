@@ -28,9 +28,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tracing::{info, warn};
+
+/// How long after a failed token renewal the next attempt is made (the token in place is
+/// still valid: renewal starts at 80% of its life).
+const TOKEN_RETRY: Duration = Duration::from_secs(10);
 
 /// Starts pod workers.
 pub struct PodWorker;
@@ -388,6 +392,7 @@ impl Worker {
     }
 
     async fn initialize(&mut self, mut rt: PodRuntime) -> State {
+        self.renew_tokens(&mut rt).await;
         let policy = RestartPolicy::of(&self.pod);
         let Some(i) = rt.inits.iter().position(|c| !c.succeeded()) else {
             self.report(&rt);
@@ -410,6 +415,7 @@ impl Worker {
     }
 
     async fn running(&mut self, mut rt: PodRuntime) -> State {
+        self.renew_tokens(&mut rt).await;
         let policy = RestartPolicy::of(&self.pod);
         {
             let env = PodEnv {
@@ -432,6 +438,35 @@ impl Worker {
         let due = rt.apps.iter().filter_map(ContainerWorker::next_due).min();
         self.wait(self.until(due)).await;
         State::Running(rt)
+    }
+
+    /// Renews the projected service account tokens once they are due: the volumes are
+    /// written again (atomically: containers keep running and read the new files). Each
+    /// worker keeps its own pod's deadline, so the node's cost is per pod, never a scan.
+    async fn renew_tokens(&mut self, rt: &mut PodRuntime) {
+        let Some(due) = rt.volumes.refresh_due() else {
+            return;
+        };
+        if SystemTime::now() < due {
+            return;
+        }
+        let renewed = volumes::prepare(
+            &self.facts(&rt.sandbox.ip),
+            &self.ctx.layout,
+            self.ctx.objects.as_ref(),
+        )
+        .await;
+        match renewed {
+            Ok(v) => {
+                info!(pod = %self.pod_ref, "service account tokens renewed");
+                rt.volumes = v;
+            }
+            Err(e) => {
+                warn!(pod = %self.pod_ref, error = %e, "renewing the pod's tokens failed; retrying");
+                self.event(Reason::FailedMount, e.to_string());
+                rt.volumes.retry_refresh_at(SystemTime::now() + TOKEN_RETRY);
+            }
+        }
     }
 
     /// How long to sleep: until `due`, at most one sync interval.

@@ -81,19 +81,25 @@ impl Drop for TestRuntime {
 }
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus, Secret, Service};
 use node::pod::backoff::BackOffPolicy;
 use node::pod::events::PodEvent;
+use node::pod::token::IssuedToken;
 use node::pod::{NodeContext, Objects, PodHandle, PodRef, PodWorker, Reporter, Timing};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// ConfigMaps and Secrets a test defines, keyed by (namespace, name).
+/// ConfigMaps, Secrets and Services a test defines, keyed by (namespace, name); tokens
+/// issued as `token-<n>-<namespace>-<account>` (the API's TokenRequest is tested against
+/// the real API server in tests/tests/e2e.rs), each request kept.
 #[derive(Default)]
 pub struct TestObjects {
     pub config_maps: Mutex<HashMap<(String, String), ConfigMap>>,
     pub secrets: Mutex<HashMap<(String, String), Secret>>,
+    pub services: Mutex<HashMap<(String, String), Service>>,
+    pub token_requests: Mutex<Vec<TokenRequest>>,
 }
 
 impl Objects for TestObjects {
@@ -122,6 +128,41 @@ impl Objects for TestObjects {
             .get(&(ns.into(), name.into()))
             .cloned();
         Box::pin(async move { Ok(found) })
+    }
+    fn service_account_token<'a>(
+        &'a self,
+        ns: &'a str,
+        account: &'a str,
+        request: TokenRequest,
+    ) -> BoxFuture<'a, Result<IssuedToken, String>> {
+        let life = request.spec.expiration_seconds.unwrap_or(3600) as u64;
+        let mut requests = self.token_requests.lock().unwrap();
+        requests.push(request);
+        let token = format!("token-{}-{ns}-{account}", requests.len());
+        Box::pin(async move {
+            Ok(IssuedToken {
+                token,
+                expires: std::time::SystemTime::now() + Duration::from_secs(life),
+            })
+        })
+    }
+    fn service(&self, ns: &str, name: &str) -> Result<Option<Service>, String> {
+        Ok(self
+            .services
+            .lock()
+            .unwrap()
+            .get(&(ns.into(), name.into()))
+            .cloned())
+    }
+    fn services(&self, ns: &str) -> Result<Vec<Service>, String> {
+        Ok(self
+            .services
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((n, _), _)| n == ns)
+            .map(|(_, s)| s.clone())
+            .collect())
     }
 }
 
