@@ -18,6 +18,9 @@ const USAGE: &str = "usage: echo [serve]
        echo alloc MIB                 allocate and touch MIB MiB, then sleep
        echo sleep SECONDS             sleep (0: forever)
        echo exit CODE                 exit with CODE
+       echo incluster                 as an in-cluster client (KUBERNETES_SERVICE_HOST/PORT, the
+                                      service account's token and ca.crt): GET /apis and the
+                                      secrets of its namespace, print each HTTP status
        echo webhook --cert FILE --key FILE --sidecar-image IMAGE [--port 8443]
                                       a mutating admission webhook (HTTPS) that adds a sidecar
                                       container `sidecar` (IMAGE, `serve` on PORT 9090) to pods
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         ["alloc", mib] => alloc(mib),
         ["sleep", secs] => sleep(secs),
         ["webhook", rest @ ..] => webhook(rest),
+        ["incluster"] => incluster(),
         ["exit", code] => {
             return code
                 .parse::<u8>()
@@ -246,6 +250,22 @@ fn webhook(args: &[&str]) -> Result<(), String> {
     skiff_images::signals::exit_on_term();
     eprintln!("echo: admission webhook serving on :{port}");
     skiff_images::webhook::serve(listener, tls, sidecar);
+    Ok(())
+}
+
+/// Discovery (any service account may) and the namespace's secrets (none may, by default):
+/// one line per request, `GET <path> <status>`; fails only when a request got no answer.
+fn incluster() -> Result<(), String> {
+    use skiff_images::incluster::{InCluster, SERVICE_ACCOUNT_DIR};
+    let api = InCluster::load(
+        |k| std::env::var(k).ok(),
+        std::path::Path::new(SERVICE_ACCOUNT_DIR),
+    )?;
+    let secrets = format!("/api/v1/namespaces/{}/secrets", api.namespace());
+    for path in ["/apis", secrets.as_str()] {
+        let r = api.get(path, Duration::from_secs(10))?;
+        println!("GET {path} {}", r.status);
+    }
     Ok(())
 }
 
