@@ -1,6 +1,7 @@
 //! `control-plane`: the control plane's binary, a thin shell over the library.
 //!
-//! `control-plane apiserver --data-dir DIR --listen ADDR --write-kubeconfig PATH`
+//! `control-plane apiserver --data-dir DIR --listen ADDR --write-kubeconfig PATH
+//!  [--audit-log-path PATH|- --audit-log-maxsize MB --audit-log-maxbackup N]`
 //! `control-plane controller-manager --kubeconfig PATH`
 //! `control-plane scheduler --kubeconfig PATH`
 //! `control-plane server --data-dir DIR --listen ADDR --write-kubeconfig PATH [--disable ...]`
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use control_plane::apiserver::{admission, Config, Server};
+use control_plane::apiserver::{admission, audit, Config, Server};
 use control_plane::controllers::flags::ControllerArgs;
 use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
 use control_plane::controllers::ControllerName;
@@ -184,6 +185,20 @@ struct ApiserverArgs {
     /// as requested).
     #[arg(long, value_parser = parse_duration)]
     service_account_max_token_expiration: Option<Duration>,
+    /// Write the audit log (audit.k8s.io/v1 Events at Metadata level, one JSON line per
+    /// request) to this file; `-` for standard output.
+    #[arg(long)]
+    audit_log_path: Option<control_plane::apiserver::audit::log_file::Destination>,
+    /// Rotate the audit log file before it grows past this many megabytes (0: never).
+    #[arg(long, default_value_t = 0)]
+    audit_log_maxsize: u64,
+    /// Rotated audit log files to keep (0: all).
+    #[arg(long, default_value_t = 0)]
+    audit_log_maxbackup: usize,
+    /// Which authorizers decide: `Node,RBAC`, or `AlwaysAllow` (every authenticated request
+    /// allowed: a baseline for benchmarks and debugging, on a loopback address only).
+    #[arg(long, default_value = "Node,RBAC")]
+    authorization_mode: control_plane::apiserver::authz::Mode,
 }
 
 /// How to reach an etcd cluster (kube-apiserver's flags).
@@ -335,6 +350,14 @@ fn apiserver_config(a: ApiserverArgs) -> Result<Config> {
     config.service_account_issuer = a.service_account_issuer;
     config.api_audiences = a.api_audiences;
     config.service_account_max_token_expiration = a.service_account_max_token_expiration;
+    config.authorization = a.authorization_mode;
+    config.audit = a.audit_log_path.map(|destination| audit::Config {
+        destination,
+        rotation: audit::log_file::Rotation {
+            max_bytes: (a.audit_log_maxsize > 0).then(|| a.audit_log_maxsize * 1024 * 1024),
+            max_backups: a.audit_log_maxbackup,
+        },
+    });
     Ok(config)
 }
 

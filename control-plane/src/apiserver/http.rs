@@ -1,7 +1,8 @@
 //! The HTTP front: accepting connections (TLS with the cluster CA's serving certificate;
 //! plain HTTP only when asked for, on loopback), authentication of every request but the
 //! health and version paths, routing of non-resource paths (health, version, metrics,
-//! discovery, OpenAPI) and of resource paths to the handlers, request metrics and logs.
+//! discovery, OpenAPI) and of resource paths to the handlers, request metrics, logs and the
+//! audit event of each request.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode};
+use http::{header, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -18,6 +19,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 
+use super::audit::{self, event};
 use super::auth::{AuthnError, ClientCert, UserInfo};
 use super::authz::{self, attributes::Attributes};
 use super::handlers::{self, Call, Ctx};
@@ -135,7 +137,7 @@ async fn connection<S>(
     }
 }
 
-/// One request, logged and counted.
+/// One request, logged, counted and audited.
 async fn handle(
     ctx: Arc<Ctx>,
     cert: &ClientCert,
@@ -147,18 +149,91 @@ async fn handle(
     let path = req.uri().path().to_string();
     let query = request::parse_query(req.uri().query());
     let verb = verb_of(&method, &path, &query);
+    let audit_id = audit::audit_id(req.headers());
+    let pending = (ctx.audit.enabled() && !is_probe(&path))
+        .then(|| audit_event(&req, &path, &query, peer, audit_id.clone()));
     let warnings = warning::Recorder::default();
-    let mut resp = match warnings.scope(route(&ctx, cert, peer, req, &query)).await {
-        Ok(r) => r,
-        Err(e) => output::error(&e),
+    let routed = warnings.scope(route(&ctx, cert, peer, req, &query));
+    let result = match &pending {
+        Some(p) => p.trail.scope(routed).await,
+        None => routed.await,
+    };
+    let (mut resp, status) = match result {
+        Ok(r) => {
+            let code = r.status().as_u16();
+            (r, event::ResponseStatus::code(code))
+        }
+        Err(e) => (output::error(&e), event::ResponseStatus::error(&e)),
     };
     warnings.apply(&mut resp);
+    if let Ok(v) = HeaderValue::from_str(&audit_id) {
+        resp.headers_mut().insert(audit::AUDIT_ID_HEADER, v);
+    }
     let code = resp.status().as_u16();
     let secs = started.elapsed().as_secs_f64();
     ctx.metrics.request(verb, code, secs);
-    tracing::debug!(%method, %path, code, verb, ms = secs * 1e3, "request");
-    resp
+    tracing::debug!(%method, %path, code, verb, ms = secs * 1e3, %audit_id, "request");
+    match pending {
+        Some(p) => p.finish(&ctx.audit, status, resp),
+        None => resp,
+    }
 }
+
+/// The health probes, which are not audited (kube-apiserver's usual policy leaves them out:
+/// they would be most of the log).
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/healthz" | "/livez" | "/readyz")
+}
+
+/// The audit event of a request as it arrives (the caller anonymous until authenticated).
+fn audit_event(
+    req: &Request<Incoming>,
+    path: &str,
+    query: &HashMap<String, String>,
+    peer: SocketAddr,
+    audit_id: String,
+) -> audit::Pending {
+    let attributes = Attributes::of_request(req.method(), path, query);
+    let object_ref = event::ObjectRef::of(&attributes);
+    let subresource = object_ref.as_ref().map_or("", |o| o.subresource.as_str());
+    let long_running = audit::long_running(&attributes.verb, subresource)
+        || req.headers().contains_key(header::UPGRADE);
+    let request_uri = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| path.to_string(), |pq| pq.as_str().to_string());
+    let user_agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(|ua| ua.chars().take(MAX_USER_AGENT).collect());
+    let now = event::micro_time();
+    audit::Pending {
+        event: event::Event {
+            kind: "Event",
+            api_version: "audit.k8s.io/v1",
+            level: "Metadata",
+            audit_id,
+            stage: event::Stage::ResponseComplete,
+            request_uri,
+            verb: attributes.verb,
+            user: event::User::anonymous(),
+            impersonated_user: None,
+            source_ips: vec![peer.ip().to_string()],
+            user_agent,
+            object_ref,
+            response_status: event::ResponseStatus::code(0),
+            request_received_timestamp: now.clone(),
+            stage_timestamp: now,
+            annotations: Default::default(),
+        },
+        trail: audit::Trail::default(),
+        long_running,
+    }
+}
+
+/// A user agent longer than this is cut in the audit log (it is the client's to choose).
+const MAX_USER_AGENT: usize = 1024;
 
 /// The Kubernetes verb of a request, for metrics.
 fn verb_of(m: &Method, path: &str, q: &HashMap<String, String>) -> &'static str {
@@ -210,9 +285,19 @@ async fn route(
         _ => {}
     }
     let user = authenticate(ctx, req.headers(), cert, peer)?;
+    audit::authenticated(&user);
     let user = authz::impersonation::impersonate(ctx, user, req.headers()).await?;
+    if req.headers().contains_key(authz::impersonation::USER) {
+        audit::impersonating(&user);
+    }
     let attributes = Attributes::of_request(req.method(), &path, query);
-    authz::check(ctx, &user, &attributes).await?;
+    match authz::allowed(ctx, &user, &attributes).await? {
+        None => audit::decision(true, ""),
+        Some(reason) => {
+            audit::decision(false, &reason);
+            return Err(authz::forbidden(&user, &attributes, &reason));
+        }
+    }
     if path == "/metrics" {
         // Kubernetes' system:monitoring role grants it.
         return Ok(output::bytes(

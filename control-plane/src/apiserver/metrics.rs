@@ -27,6 +27,9 @@ struct Inner {
     watch_events: Family<Labels, Counter>,
     handshakes: Family<Labels, Counter>,
     authentications: Family<Labels, Counter>,
+    audit_events: Counter,
+    audit_dropped: Counter,
+    audit_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -48,6 +51,24 @@ impl Metrics {
         let watch_events = Family::<Labels, Counter>::default();
         let handshakes = Family::<Labels, Counter>::default();
         let authentications = Family::<Labels, Counter>::default();
+        let audit_events = Counter::default();
+        let audit_dropped = Counter::default();
+        let audit_errors = Counter::default();
+        registry.register(
+            "audit_events",
+            "Audit events queued for the audit log",
+            audit_events.clone(),
+        );
+        registry.register(
+            "audit_events_dropped",
+            "Audit events dropped because the audit log's queue was full",
+            audit_dropped.clone(),
+        );
+        registry.register(
+            "audit_errors",
+            "Failed writes to the audit log",
+            audit_errors.clone(),
+        );
         registry.register(
             "tls_handshakes",
             "TLS handshakes by result (ok, failed, timeout)",
@@ -95,6 +116,9 @@ impl Metrics {
                 watch_events,
                 handshakes,
                 authentications,
+                audit_events,
+                audit_dropped,
+                audit_errors,
             }),
         }
     }
@@ -163,6 +187,18 @@ impl Metrics {
             .authentications
             .get_or_create(&vec![("result", result.to_string())])
             .inc();
+    }
+
+    pub fn audit_event(&self) {
+        self.inner.audit_events.inc();
+    }
+
+    pub fn audit_dropped(&self) {
+        self.inner.audit_dropped.inc();
+    }
+
+    pub fn audit_error(&self) {
+        self.inner.audit_errors.inc();
     }
 
     /// The text exposition.

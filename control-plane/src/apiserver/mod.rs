@@ -10,7 +10,8 @@
 //! chain every write passes), `allocation` (ClusterIP and NodePort allocation), `warning`
 //! (Warning headers for the client), `rules` (the seam to the machinery: defaulting,
 //! validation, selectors, patches, table cells), `registry` (the served resources),
-//! `discovery`, `table`, `meta`, `output`, `kubeconfig`, `metrics`.
+//! `discovery`, `table`, `meta`, `output`, `kubeconfig`, `metrics`, `audit` (the audit log:
+//! one audit.k8s.io/v1 Event per request, written off the request path).
 
 // ApiError carries a full Status (message, details, causes); it is the cold path of every
 // handler, so returning it unboxed is simpler and costs nothing that matters.
@@ -18,6 +19,7 @@
 
 pub mod admission;
 pub mod allocation;
+pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod certs;
@@ -105,6 +107,10 @@ pub struct Config {
     pub api_audiences: Vec<String>,
     /// The longest lifetime a TokenRequest gets (None: as asked).
     pub service_account_max_token_expiration: Option<Duration>,
+    /// The audit log (None: no audit log).
+    pub audit: Option<audit::Config>,
+    /// Which authorizers decide (AlwaysAllow only on a loopback address).
+    pub authorization: authz::Mode,
 }
 
 /// How the server accepts connections.
@@ -139,6 +145,8 @@ impl Config {
             service_account_issuer: sa::DEFAULT_ISSUER.to_string(),
             api_audiences: Vec::new(),
             service_account_max_token_expiration: None,
+            audit: None,
+            authorization: authz::Mode::default(),
         }
     }
 }
@@ -163,6 +171,8 @@ pub enum StartError {
     TokenFile(#[from] TokenFileError),
     #[error("{0}")]
     Config(String),
+    #[error("{0}")]
+    Audit(#[from] audit::OpenError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
@@ -182,6 +192,7 @@ pub struct RunningServer {
     shutdown: CancellationToken,
     task: JoinHandle<()>,
     store: OpenStore,
+    audit: audit::Sink,
 }
 
 impl Server {
@@ -190,6 +201,13 @@ impl Server {
         if config.transport == TransportMode::PlainHttp && !config.listen.ip().is_loopback() {
             return Err(StartError::Config(format!(
                 "plain HTTP is for debugging on a loopback address only, not {}",
+                config.listen
+            )));
+        }
+        if config.authorization == authz::Mode::AlwaysAllow && !config.listen.ip().is_loopback() {
+            return Err(StartError::Config(format!(
+                "--authorization-mode AlwaysAllow is for benchmarks and debugging on a loopback \
+                 address only, not {}",
                 config.listen
             )));
         }
@@ -244,7 +262,7 @@ impl Server {
         let authenticator = Authenticator::new(token_file, service_accounts, cache.clone());
         let shutdown = CancellationToken::new();
         authz::bootstrap::reconcile(shared.as_ref()).await?;
-        let authz = authz::Authorizer::new(&cache);
+        let authz = authz::Authorizer::new(&cache, config.authorization);
         if let OpenStore::Embedded(s) = &store {
             // Only this process may open the database: backups are made through it.
             crate::store::snapshot::serve(s.clone(), &config.data_dir, shutdown.clone())?;
@@ -253,6 +271,11 @@ impl Server {
             store: shared.clone(),
             cache: cache.clone(),
         };
+        let metrics = Metrics::new();
+        let audit = match &config.audit {
+            Some(c) => audit::Sink::start(c, metrics.clone())?,
+            None => audit::Sink::disabled(metrics.clone()),
+        };
         let ctx = Arc::new(Ctx {
             admission: admission::Chain::new(env, &config.admission),
             store: shared.clone(),
@@ -260,10 +283,11 @@ impl Server {
             allocator,
             authz,
             shutdown: shutdown.clone(),
-            metrics: Metrics::new(),
+            metrics,
             bookmark_interval: config.bookmark_interval,
             cache_liveness_grace: config.cache_liveness_grace,
             authenticator,
+            audit: audit.clone(),
         });
         ensure_namespaces(shared.as_ref()).await?;
         let scheme = match config.transport {
@@ -310,6 +334,7 @@ impl Server {
             shutdown,
             task,
             store,
+            audit,
         })
     }
 }
@@ -359,10 +384,13 @@ impl RunningServer {
         let _ = (&mut self.task).await;
     }
 
-    /// Stops accepting, ends watches, drains connections and closes the store.
+    /// Stops accepting, ends watches, drains connections, writes out the audit log and
+    /// closes the store.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = self.task.await;
+        let audit = self.audit;
+        let _ = tokio::task::spawn_blocking(move || audit.flush()).await;
         let store = self.store;
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
         tracing::info!("API server stopped");

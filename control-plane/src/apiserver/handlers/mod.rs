@@ -55,6 +55,8 @@ pub struct Ctx {
     pub cache_liveness_grace: Duration,
     /// Who is calling: the authenticators (also TokenReview's and TokenRequest's).
     pub authenticator: super::auth::Authenticator,
+    /// The audit log's queue (disabled without `--audit-log-path`).
+    pub audit: super::audit::Sink,
 }
 
 impl Ctx {

@@ -22,7 +22,7 @@ pub use checks::Level;
 use checks::{evaluate, message, Subject};
 
 use super::super::{Env, Operation, Plugin, Request};
-use crate::apiserver::warning;
+use crate::apiserver::{audit, warning};
 use crate::machinery::{ApiError, FieldError};
 
 const LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
@@ -380,17 +380,22 @@ impl Plugin for PodSecurity {
         if modes.audit.level != Level::Privileged {
             let v = evaluate(modes.audit.level, &subject);
             if !v.is_empty() {
-                // Kubernetes records this as the audit annotation
-                // pod-security.kubernetes.io/audit-violations; here it is a log line.
+                let violation = format!(
+                    "would violate PodSecurity \"{}\": {}",
+                    modes.audit,
+                    message(&v)
+                );
+                // The audit log's annotation, as Kubernetes records it; also a log line for
+                // servers without an audit log.
                 tracing::info!(
                     namespace = ns,
                     name = req.name,
                     resource = req.resource.plural,
                     user = %req.user.name,
-                    policy = %modes.audit,
-                    violations = %message(&v),
+                    violation = %violation,
                     "pod-security.kubernetes.io/audit-violations"
                 );
+                audit::annotate("pod-security.kubernetes.io/audit-violations", violation);
             }
         }
         Ok(())
