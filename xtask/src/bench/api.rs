@@ -2,8 +2,13 @@
 //! directory) under load from kube-rs clients: create/update/get/list latency and throughput
 //! at 1, 16 and 64 concurrent clients; creates paced at 100/s; watch delivery latency (write
 //! to event) with 1, 100 and 1,000 watchers; server memory with 100,000 objects stored.
-//! Mutating p99s are compared with Kubernetes' SLO (p99 <= 1 s) as a ratio. Prints a table,
-//! writes bench-results/api.{json,md} and api-latency.svg (copied to docs/bench/).
+//! The latency and watch tables are measured twice in the same run, each cell one after the
+//! other on two servers: plain HTTP without authorization (`--plain-http --authorization-mode
+//! AlwaysAllow`, a static token: the baseline) and TLS with a client certificate authorized
+//! by RBAC (the default), with the ratio of their p99s. Also TLS handshakes per second
+//! (`api_tls`) and the authorization decisions (`api_authz`). Mutating p99s are compared
+//! with Kubernetes' SLO (p99 <= 1 s) as a ratio. Prints a table, writes
+//! bench-results/api.{json,md} and api-latency.svg (copied to docs/bench/).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -33,7 +38,33 @@ pub struct Opts {
     /// Watcher counts for the delivery latency.
     #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
     watchers: Vec<usize>,
+    /// Seconds of TLS handshakes per case.
+    #[arg(long, default_value_t = 5)]
+    handshake_secs: u64,
 }
+
+/// How the server is reached and who decides, the two ways the table is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Security {
+    /// Plain HTTP, a static token, `--authorization-mode AlwaysAllow` (the baseline).
+    Plain,
+    /// TLS, a client certificate, RBAC (a ClusterRoleBinding; not the system:masters bypass).
+    TlsRbac,
+}
+
+impl Security {
+    const BOTH: [Security; 2] = [Security::Plain, Security::TlsRbac];
+
+    fn key(self) -> &'static str {
+        match self {
+            Security::Plain => "plain_http_always_allow",
+            Security::TlsRbac => "tls_client_cert_rbac",
+        }
+    }
+}
+
+/// Aim for the cost of TLS and RBAC: create p99 within this factor of the baseline's.
+const CREATE_P99_AIM: f64 = 1.15;
 
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
 /// Kubernetes' API call latency SLO for mutating calls (p99).
@@ -42,6 +73,7 @@ const SLO_MUTATING: Duration = Duration::from_secs(1);
 /// Latency samples of one measurement.
 pub(super) struct Sample {
     name: String,
+    security: Security,
     concurrency: usize,
     latencies: Vec<Duration>,
     elapsed: Duration,
@@ -83,16 +115,67 @@ pub fn run_bench(opts: Opts) -> Result<()> {
         .unwrap_or_else(|| root().join("target"));
     let bin = target.join("release/control-plane");
     let scratch = tempdir()?;
-    let server =
-        ApiServerProcess::start(&bin, &scratch.join("data"), &["--bookmark-interval", "60"]);
+    let tls_data = scratch.join("tls-data");
+    let server = ApiServerProcess::start(&bin, &tls_data, &["--bookmark-interval", "60"]);
+    let mut plain_args = vec!["--bookmark-interval".to_string(), "60".to_string()];
+    plain_args.extend(super::api_tls::plain_args(&scratch)?);
+    let plain_args: Vec<&str> = plain_args.iter().map(String::as_str).collect();
+    let plain = ApiServerProcess::start(&bin, &scratch.join("plain-data"), &plain_args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let result = rt.block_on(measure(&opts, &server));
+    let result = rt.block_on(async {
+        let admin = client(&server.kubeconfig()).await?;
+        let user =
+            |path: PathBuf| async move { Ok::<_, anyhow::Error>((client(&path).await?, path)) };
+        let servers = Servers {
+            tls: &server,
+            tls_user: user(
+                super::api_tls::rbac_kubeconfig(&bin, &server, &tls_data, &admin, &scratch).await?,
+            )
+            .await?,
+            plain_user: user(super::api_tls::plain_kubeconfig(&plain, &scratch)?).await?,
+            admin,
+        };
+        measure(&opts, &servers).await
+    });
+    drop(plain);
+    let handshakes = result.and_then(|r| {
+        eprintln!("bench api: TLS handshakes");
+        let access = server.admin();
+        let secs = Duration::from_secs(opts.handshake_secs.max(1));
+        let mut h = Vec::new();
+        for client_cert in [false, true] {
+            h.push(super::api_tls::handshakes(&access, client_cert, secs)?);
+        }
+        Ok((r, h))
+    });
     drop(server);
     let _ = std::fs::remove_dir_all(&scratch);
-    report(result?)
+    let (r, h) = handshakes?;
+    report(r, &h)
+}
+
+/// The two servers of the run and their measured clients (with their kubeconfigs).
+struct Servers<'a> {
+    /// TLS + RBAC (the default server).
+    tls: &'a ApiServerProcess,
+    /// The bench user on it: a client certificate, authorized by RBAC.
+    tls_user: (Client, PathBuf),
+    /// The admin of the TLS server (system:masters): memory and authorization rows.
+    admin: Client,
+    /// The bench user on the plain HTTP, AlwaysAllow server: a static token.
+    plain_user: (Client, PathBuf),
+}
+
+impl Servers<'_> {
+    fn of(&self, s: Security) -> &(Client, PathBuf) {
+        match s {
+            Security::Plain => &self.plain_user,
+            Security::TlsRbac => &self.tls_user,
+        }
+    }
 }
 
 fn tempdir() -> Result<PathBuf> {
@@ -152,25 +235,19 @@ where
     }
     Ok(Sample {
         name: name.to_string(),
+        security: Security::TlsRbac,
         concurrency,
         latencies,
         elapsed: started.elapsed(),
     })
 }
 
-async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
-    let c = client(&server.kubeconfig()).await?;
-    let pid = server.pid().context("server pid")?;
-    let rss_empty_kib = rss_kib(pid)?;
-    let mut samples = Vec::new();
-    for &conc in &CONCURRENCY {
-        let ns = format!("bench-c{conc}");
-        namespace(&c, &ns).await?;
-        let api: Api<ConfigMap> = Api::namespaced(c.clone(), &ns);
-        eprintln!("bench api: {conc} clients");
-        let a = api.clone();
-        samples.push(
-            drive("create", conc, opts.ops, move |t, i| {
+/// One (operation, concurrency) cell on one server's namespace.
+async fn cell(api: &Api<ConfigMap>, op: &str, conc: usize, ops: usize) -> Result<Sample> {
+    let a = api.clone();
+    match op {
+        "create" => {
+            drive(op, conc, ops, move |t, i| {
                 let a = a.clone();
                 async move {
                     a.create(
@@ -181,11 +258,10 @@ async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
                     Ok(())
                 }
             })
-            .await?,
-        );
-        let a = api.clone();
-        samples.push(
-            drive("update", conc, opts.ops, move |t, i| {
+            .await
+        }
+        "update" => {
+            drive(op, conc, ops, move |t, i| {
                 let a = a.clone();
                 async move {
                     // Each task rewrites its own objects: no conflicts, a real CAS each time.
@@ -195,38 +271,76 @@ async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
                     Ok(())
                 }
             })
-            .await?,
-        );
-        let a = api.clone();
-        samples.push(
-            drive("get", conc, opts.ops, move |t, i| {
+            .await
+        }
+        "get" => {
+            drive(op, conc, ops, move |t, i| {
                 let a = a.clone();
                 async move {
                     a.get(&format!("o-{t}-{i}")).await?;
                     Ok(())
                 }
             })
-            .await?,
-        );
-        let a = api.clone();
-        samples.push(
-            drive("list (100)", conc, opts.ops / 4, move |_, _| {
+            .await
+        }
+        _ => {
+            drive(op, conc, ops / 4, move |_, _| {
                 let a = a.clone();
                 async move {
                     a.list(&ListParams::default().limit(100)).await?;
                     Ok(())
                 }
             })
+            .await
+        }
+    }
+}
+
+const OPERATIONS: [&str; 4] = ["create", "update", "get", "list (100)"];
+
+async fn measure(opts: &Opts, servers: &Servers<'_>) -> Result<Results> {
+    let c = &servers.admin;
+    let pid = servers.tls.pid().context("server pid")?;
+    let rss_empty_kib = rss_kib(pid)?;
+    let mut samples = Vec::new();
+    for &conc in &CONCURRENCY {
+        let ns = format!("bench-c{conc}");
+        for security in Security::BOTH {
+            namespace(&servers.of(security).0, &ns).await?;
+        }
+        eprintln!("bench api: {conc} clients");
+        // Each cell on both servers one after the other, so both see the same machine load.
+        for op in OPERATIONS {
+            for security in Security::BOTH {
+                let api: Api<ConfigMap> = Api::namespaced(servers.of(security).0.clone(), &ns);
+                let mut s = cell(&api, op, conc, opts.ops).await?;
+                s.security = security;
+                samples.push(s);
+            }
+        }
+    }
+    for security in Security::BOTH {
+        samples.push(
+            paced_creates(
+                &servers.of(security).0,
+                security,
+                100,
+                Duration::from_secs(10),
+            )
             .await?,
         );
     }
-    samples.push(paced_creates(&c, 100, Duration::from_secs(10)).await?);
     let mut watch = Vec::new();
     for &w in &opts.watchers {
-        watch.push(watch_latency(&c, server, w, 100).await?);
+        for security in Security::BOTH {
+            let (c, kubeconfig) = servers.of(security);
+            let mut s = watch_latency(c, kubeconfig, w, 100).await?;
+            s.security = security;
+            watch.push(s);
+        }
     }
     eprintln!("bench api: storing {} objects", opts.objects);
-    namespace(&c, "bench-mem").await?;
+    namespace(c, "bench-mem").await?;
     let api: Api<ConfigMap> = Api::namespaced(c.clone(), "bench-mem");
     let load = drive("load", 64, opts.objects, move |t, i| {
         let a = api.clone();
@@ -241,7 +355,7 @@ async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
     })
     .await?;
     let rss_full_kib = rss_kib(pid)?;
-    let authz = super::api_authz::measure(&c, server).await?;
+    let authz = super::api_authz::measure(c, servers.tls).await?;
     Ok(Results {
         samples,
         watch,
@@ -254,8 +368,13 @@ async fn measure(opts: &Opts, server: &ApiServerProcess) -> Result<Results> {
 }
 
 /// Creates at a fixed rate (the issue's "p99 under 25 ms at 100 writes/s").
-async fn paced_creates(c: &Client, per_sec: u64, for_: Duration) -> Result<Sample> {
-    eprintln!("bench api: creates paced at {per_sec}/s");
+async fn paced_creates(
+    c: &Client,
+    security: Security,
+    per_sec: u64,
+    for_: Duration,
+) -> Result<Sample> {
+    eprintln!("bench api: creates paced at {per_sec}/s ({security:?})");
     namespace(c, "bench-paced").await?;
     let api: Api<ConfigMap> = Api::namespaced(c.clone(), "bench-paced");
     let n = per_sec * for_.as_secs();
@@ -278,6 +397,7 @@ async fn paced_creates(c: &Client, per_sec: u64, for_: Duration) -> Result<Sampl
     }
     Ok(Sample {
         name: format!("create @{per_sec}/s"),
+        security,
         concurrency: 0,
         latencies,
         elapsed: started.elapsed(),
@@ -288,7 +408,7 @@ async fn paced_creates(c: &Client, per_sec: u64, for_: Duration) -> Result<Sampl
 /// latency is its arrival minus its write's start (sent in an annotation, same clock).
 async fn watch_latency(
     c: &Client,
-    server: &ApiServerProcess,
+    kubeconfig: &std::path::Path,
     watchers: usize,
     writes: usize,
 ) -> Result<Sample> {
@@ -305,7 +425,7 @@ async fn watch_latency(
         .unwrap_or_default();
     let mut tasks = Vec::new();
     // Watchers get their own clients (connection pools) so they do not queue behind writes.
-    let watch_client = client(&server.kubeconfig()).await?;
+    let watch_client = client(kubeconfig).await?;
     for _ in 0..watchers {
         let api: Api<ConfigMap> = Api::namespaced(watch_client.clone(), &ns);
         let mut stream = api
@@ -351,6 +471,7 @@ async fn watch_latency(
     }
     Ok(Sample {
         name: "watch delivery".into(),
+        security: Security::TlsRbac,
         concurrency: watchers,
         latencies,
         elapsed: started.elapsed(),
@@ -370,12 +491,24 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn report(r: Results) -> Result<()> {
+/// The baseline's sample of the same cell as `s`.
+fn baseline_of<'a>(all: &'a [Sample], s: &Sample) -> Option<&'a Sample> {
+    all.iter().find(|b| {
+        b.security == Security::Plain && b.name == s.name && b.concurrency == s.concurrency
+    })
+}
+
+fn report(r: Results, handshakes: &[super::api_tls::Handshakes]) -> Result<()> {
     let mut md = String::from(
-        "| operation | clients | ops | ops/s | p50 ms | p99 ms | p99 / SLO (1 s) |\n|---|---|---|---|---|---|---|\n",
+        "Each cell measured on two servers one after the other: plain HTTP with AlwaysAllow (a static token; the baseline) and TLS with a client certificate authorized by RBAC.\n\n\
+         | operation | clients | plain ops/s | plain p50 ms | plain p99 ms | TLS+RBAC ops/s | TLS+RBAC p50 ms | TLS+RBAC p99 ms | p99 TLS+RBAC / plain | TLS+RBAC p99 / SLO (1 s) |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut rows = Vec::new();
-    for s in &r.samples {
+    let mut create_ratios = Vec::new();
+    for s in r.samples.iter().filter(|s| s.security == Security::TlsRbac) {
+        let Some(b) = baseline_of(&r.samples, s) else {
+            continue;
+        };
         let mutating = s.name.starts_with("create") || s.name.starts_with("update");
         let slo = if mutating {
             format!(
@@ -390,40 +523,81 @@ fn report(r: Results) -> Result<()> {
         } else {
             s.concurrency.to_string()
         };
+        let ratio = s.pct(0.99).as_secs_f64() / b.pct(0.99).as_secs_f64().max(1e-9);
+        if s.name.starts_with("create") {
+            create_ratios.push(format!("{ratio:.2}x ({clients})"));
+        }
         md.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} |\n",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2}x | {} |\n",
             s.name,
             clients,
-            s.latencies.len(),
+            b.rate(),
+            ms(b.pct(0.5)),
+            ms(b.pct(0.99)),
             s.rate(),
             ms(s.pct(0.5)),
             ms(s.pct(0.99)),
+            ratio,
             slo
         ));
-        rows.push(
-            json!({"operation": s.name, "clients": s.concurrency, "ops": s.latencies.len(),
-            "ops_per_s": s.rate(), "p50_ms": ms(s.pct(0.5)), "p99_ms": ms(s.pct(0.99))}),
-        );
+        for x in [b, s] {
+            rows.push(json!({"operation": x.name, "security": x.security.key(),
+                "clients": x.concurrency, "ops": x.latencies.len(), "ops_per_s": x.rate(),
+                "p50_ms": ms(x.pct(0.5)), "p99_ms": ms(x.pct(0.99))}));
+        }
     }
-    md.push_str("\n| watchers | events delivered | p50 ms | p99 ms |\n|---|---|---|---|\n");
+    md.push_str(&format!(
+        "\ncreate p99, TLS+RBAC over plain: {} (aim: within {CREATE_P99_AIM}x).\n",
+        create_ratios.join(", ")
+    ));
+    md.push_str("\n| watchers | events delivered | plain p50 ms | plain p99 ms | TLS+RBAC p50 ms | TLS+RBAC p99 ms | p99 TLS+RBAC / plain |\n|---|---|---|---|---|---|---|\n");
     let mut watch_rows = Vec::new();
-    for s in &r.watch {
+    for s in r.watch.iter().filter(|s| s.security == Security::TlsRbac) {
+        let Some(b) = baseline_of(&r.watch, s) else {
+            continue;
+        };
         md.push_str(&format!(
-            "| {} | {} | {:.2} | {:.2} |\n",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x |\n",
             s.concurrency,
             s.latencies.len(),
+            ms(b.pct(0.5)),
+            ms(b.pct(0.99)),
             ms(s.pct(0.5)),
-            ms(s.pct(0.99))
+            ms(s.pct(0.99)),
+            s.pct(0.99).as_secs_f64() / b.pct(0.99).as_secs_f64().max(1e-9)
         ));
-        watch_rows.push(
-            json!({"watchers": s.concurrency, "events": s.latencies.len(),
-            "p50_ms": ms(s.pct(0.5)), "p99_ms": ms(s.pct(0.99))}),
-        );
+        for x in [b, s] {
+            watch_rows.push(
+                json!({"watchers": x.concurrency, "security": x.security.key(),
+                "events": x.latencies.len(), "p50_ms": ms(x.pct(0.5)), "p99_ms": ms(x.pct(0.99))}),
+            );
+        }
+    }
+    md.push_str(
+        "\n| TLS handshakes (full, no resumption) | client threads | handshakes | per second | p50 ms | p99 ms |\n|---|---|---|---|---|---|\n",
+    );
+    let mut handshake_rows = Vec::new();
+    for h in handshakes {
+        let what = if h.client_cert {
+            "with a client certificate"
+        } else {
+            "server certificate only"
+        };
+        md.push_str(&format!(
+            "| {what} | {} | {} | {:.0} | {:.2} | {:.2} |\n",
+            h.threads,
+            h.count,
+            h.per_sec(),
+            ms(h.pct(0.5)),
+            ms(h.pct(0.99))
+        ));
+        handshake_rows.push(json!({"client_certificate": h.client_cert, "threads": h.threads,
+            "handshakes": h.count, "per_s": h.per_sec(), "p50_ms": ms(h.pct(0.5)), "p99_ms": ms(h.pct(0.99))}));
     }
     let per_object =
         (r.rss_full_kib.saturating_sub(r.rss_empty_kib)) as f64 * 1024.0 / r.objects.max(1) as f64;
     md.push_str(&format!(
-        "\nMemory: {} objects stored in {:.1} s ({:.0}/s); server RSS {:.1} MiB empty, {:.1} MiB full ({:.0} bytes per object).\n",
+        "\nMemory (TLS server): {} objects stored in {:.1} s ({:.0}/s); server RSS {:.1} MiB empty, {:.1} MiB full ({:.0} bytes per object).\n",
         r.objects,
         r.load_secs,
         r.objects as f64 / r.load_secs.max(1e-9),
@@ -439,29 +613,40 @@ fn report(r: Results) -> Result<()> {
     let doc = json!({
         "latency": rows,
         "watch": watch_rows,
+        "tls_handshakes": handshake_rows,
+        "create_p99_aim_vs_plain": CREATE_P99_AIM,
         "memory": {"objects": r.objects, "rss_empty_kib": r.rss_empty_kib, "rss_full_kib": r.rss_full_kib,
             "bytes_per_object": per_object, "load_seconds": r.load_secs},
         "slo_mutating_p99_seconds": SLO_MUTATING.as_secs_f64(),
         "authorization": authz_rows,
     });
-    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let series: Vec<Series> = ["create", "update", "get", "list (100)"]
-        .iter()
-        .zip(colors)
-        .map(|(op, color)| Series {
-            name: format!("{op} p99"),
-            color,
-            points: r
-                .samples
-                .iter()
-                .filter(|s| s.name == *op)
-                .map(|s| (s.concurrency as f64, ms(s.pct(0.99))))
-                .collect(),
-        })
-        .collect();
+    let colors = [
+        ("#1f77b4", "#aec7e8"),
+        ("#d62728", "#ff9896"),
+        ("#2ca02c", "#98df8a"),
+        ("#9467bd", "#c5b0d5"),
+    ];
+    let mut series: Vec<Series> = Vec::new();
+    for (op, (tls_color, plain_color)) in OPERATIONS.iter().zip(colors) {
+        for (security, color, label) in [
+            (Security::TlsRbac, tls_color, "TLS+RBAC"),
+            (Security::Plain, plain_color, "plain"),
+        ] {
+            series.push(Series {
+                name: format!("{op} p99 {label}"),
+                color,
+                points: r
+                    .samples
+                    .iter()
+                    .filter(|s| s.name == *op && s.security == security)
+                    .map(|s| (s.concurrency as f64, ms(s.pct(0.99))))
+                    .collect(),
+            });
+        }
+    }
     let svg = plot::svg(
         &Chart {
-            title: "API server p99 latency vs concurrent clients",
+            title: "API server p99 latency vs concurrent clients (TLS+RBAC and plain HTTP)",
             x_label: "concurrent clients",
             y_label: "p99 ms",
             log_x: true,

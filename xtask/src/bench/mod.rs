@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod api_authz;
+pub mod api_tls;
 pub mod client;
 pub mod density;
 pub mod node;
@@ -14,7 +15,8 @@ pub mod scheduler;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
-    /// The API server: latency and throughput by verb and concurrency, watch fan-out, memory.
+    /// The API server: latency and throughput by verb and concurrency (TLS+RBAC next to plain
+    /// HTTP without authorization), watch fan-out, TLS handshakes/s, memory.
     Api(api::Opts),
     /// The service proxy: eBPF vs iptables vs direct, 1 to 100,000 services (ClusterIP from
     /// inside the node; `--north-south`: NodePort from outside, with tc and XDP, and Maglev).
