@@ -837,3 +837,148 @@ async fn the_bootstrap_policy_is_reconciled_at_start_unless_opted_out() {
     assert!(monitoring.rules.unwrap_or_default().is_empty());
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_restriction_keeps_a_node_to_its_own_node_lease_pods_and_tokens() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+    use kube::api::{Patch, PatchParams};
+
+    let f = Fixture::start().await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(f.admin.clone(), "default");
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    match accounts.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("{e}"),
+    }
+    let pods: Api<Pod> = Api::namespaced(f.admin.clone(), "default");
+    for (pod, node) in [("on-a", "node-a"), ("on-b", "node-b")] {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": pod},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let node_a = f.client_as("system:node:node-a", &["system:nodes"]).await;
+    let forbidden = |e: kube::Error, why: &str| {
+        let s = status_of(e);
+        assert_eq!(s.code, 403, "{}", s.message);
+        assert!(s.message.contains(why), "{:?} lacks {why:?}", s.message);
+    };
+
+    // Nodes: its own only, with the kubelet's labels only, taints as registered.
+    let nodes: Api<Node> = Api::all(node_a.clone());
+    let node = |name: &str, labels: serde_json::Value| -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    let e = nodes
+        .create(&pp, &node("node-b", json!({})))
+        .await
+        .unwrap_err();
+    forbidden(e, r#"node "node-a" is not allowed to modify node "node-b""#);
+    let role = json!({"node-role.kubernetes.io/control-plane": ""});
+    let e = nodes.create(&pp, &node("node-a", role)).await.unwrap_err();
+    forbidden(
+        e,
+        "is not allowed to set the following labels: node-role.kubernetes.io/control-plane",
+    );
+    let ok = json!({"kubernetes.io/hostname": "node-a", "example.com/pool": "x"});
+    nodes.create(&pp, &node("node-a", ok)).await.unwrap();
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    let ps = PatchParams::default();
+    let e = nodes
+        .patch("node-a", &ps, &merge(json!({"spec": {"taints": null}})))
+        .await
+        .unwrap_err();
+    forbidden(e, "is not allowed to modify taints");
+    let e = nodes
+        .patch(
+            "node-a",
+            &ps,
+            &merge(json!({"metadata": {"labels": {"node-restriction.kubernetes.io/x": "y"}}})),
+        )
+        .await
+        .unwrap_err();
+    forbidden(
+        e,
+        "is not allowed to modify labels: node-restriction.kubernetes.io/x",
+    );
+    nodes
+        .patch(
+            "node-a",
+            &ps,
+            &merge(json!({"metadata": {"labels": {"example.com/pool": "y"}}})),
+        )
+        .await
+        .unwrap();
+    let admin_nodes: Api<Node> = Api::all(f.admin.clone());
+    assert!(
+        admin_nodes.get_opt("node-b").await.unwrap().is_none(),
+        "nothing stored"
+    );
+
+    // Leases: the one named after it.
+    let leases: Api<Lease> = Api::namespaced(node_a.clone(), "kube-node-lease");
+    let lease: Lease = serde_json::from_value(json!({"metadata": {"name": "node-b"}})).unwrap();
+    let e = leases.create(&pp, &lease).await.unwrap_err();
+    forbidden(
+        e,
+        "can only access node lease with the same name as the requesting node",
+    );
+
+    // Pods: mirror pods only; status and deletion of its own pods only.
+    let as_a: Api<Pod> = Api::namespaced(node_a.clone(), "default");
+    let plain: Pod = serde_json::from_value(json!({"metadata": {"name": "x"},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]}}))
+    .unwrap();
+    let e = as_a.create(&pp, &plain).await.unwrap_err();
+    forbidden(e, r#"node "node-a" can only create mirror pods"#);
+    let status = merge(json!({"status": {"message": "mine now"}}));
+    let e = as_a.patch_status("on-b", &ps, &status).await.unwrap_err();
+    forbidden(
+        e,
+        "can only update pod status for pods with spec.nodeName set to itself",
+    );
+    as_a.patch_status("on-a", &ps, &status).await.unwrap();
+    let e = as_a
+        .delete("on-b", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    forbidden(e, "can only delete pods with spec.nodeName set to itself");
+    assert!(
+        pods.get_opt("on-b").await.unwrap().is_some(),
+        "on-b still stored"
+    );
+
+    // Tokens: bound to its own pods only.
+    let sa_a: Api<ServiceAccount> = Api::namespaced(node_a.clone(), "default");
+    let request = |pod: Option<&str>| -> TokenRequest {
+        let bound = pod.map(|p| json!({"kind": "Pod", "apiVersion": "v1", "name": p}));
+        serde_json::from_value(json!({"spec": {"audiences": [], "boundObjectRef": bound}})).unwrap()
+    };
+    let e = sa_a
+        .create_token_request("default", &pp, &request(Some("on-b")))
+        .await
+        .unwrap_err();
+    forbidden(
+        e,
+        "requested token bound to a pod scheduled on a different node",
+    );
+    let e = sa_a
+        .create_token_request("default", &pp, &request(None))
+        .await
+        .unwrap_err();
+    forbidden(e, "requested token not bound to a pod");
+    let token = sa_a
+        .create_token_request("default", &pp, &request(Some("on-a")))
+        .await
+        .unwrap();
+    assert!(!token.status.unwrap().token.is_empty());
+    f.stop().await;
+}

@@ -13,6 +13,7 @@ use http::{header, StatusCode};
 use serde_json::{json, Value};
 
 use super::{Call, Ctx};
+use crate::apiserver::admission;
 use crate::apiserver::auth::serviceaccount::{
     BoundObject, ObjectRef, TokenSpec, DEFAULT_EXPIRATION, MIN_EXPIRATION,
 };
@@ -125,6 +126,20 @@ pub async fn token_request(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Resul
         .ok_or_else(|| call.not_found(name))?
         .value()
         .map_err(ApiError::internal)?;
+    // The admission chain sees the TokenRequest as a create of serviceaccounts/token
+    // (NodeRestriction: a node asks only for tokens bound to its own pods).
+    let req = admission::Request::new(
+        admission::Operation::Create,
+        call.resource,
+        Some(&ns),
+        name,
+        call.user,
+    )
+    .subresource(Some("token"))
+    .options(admission::options("CreateOptions", false, None));
+    ctx.admission
+        .admit(&req, &mut obj, admission::Schema::Trusted)
+        .await?;
     let service_account = ObjectRef {
         name: name.to_string(),
         uid: account

@@ -2,6 +2,7 @@
 
 pub mod limit_ranger;
 pub mod namespace_lifecycle;
+pub mod node_restriction;
 pub mod pod_security;
 pub mod resource_quota;
 pub mod webhook;
