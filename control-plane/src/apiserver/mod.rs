@@ -29,6 +29,7 @@ mod handlers;
 mod health;
 mod http;
 pub mod kubeconfig;
+pub mod kubernetes_service;
 mod meta;
 pub mod metrics;
 mod negotiate;
@@ -191,6 +192,8 @@ pub struct RunningServer {
     kubeconfig: PathBuf,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
+    /// Keeps the `kubernetes` Service's endpoints (stopped before the store closes).
+    reconciler: JoinHandle<()>,
     store: OpenStore,
     audit: audit::Sink,
 }
@@ -324,6 +327,13 @@ impl Server {
             },
             TransportMode::PlainHttp => http::Transport::Plain,
         };
+        let reconciler = kubernetes_service::start(
+            ctx.clone(),
+            config.service_cidr.first_host().into(),
+            addr.port(),
+            kubernetes_service::published_endpoint(addr, config.advertise_address),
+        )
+        .await;
         let task = tokio::spawn(http::serve(listener, ctx, transport));
         tracing::info!(%addr, %scheme, kubeconfig = %kubeconfig_path.display(), "API server serving");
         Ok(RunningServer {
@@ -333,6 +343,7 @@ impl Server {
             kubeconfig: kubeconfig_path,
             shutdown,
             task,
+            reconciler,
             store,
             audit,
         })
@@ -388,6 +399,7 @@ impl RunningServer {
     /// closes the store.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
+        let _ = self.reconciler.await;
         let _ = self.task.await;
         let audit = self.audit;
         let _ = tokio::task::spawn_blocking(move || audit.flush()).await;
