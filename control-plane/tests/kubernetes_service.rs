@@ -40,6 +40,19 @@ async fn endpoints_of(client: &kube::Client) -> Result<Vec<String>, String> {
         .collect())
 }
 
+/// Waits until the `kubernetes` Endpoints name exactly `me`.
+async fn wait_for_endpoints(client: &kube::Client, me: &str) {
+    wait_until_async(&format!("the endpoints name {me}"), WAIT, || {
+        let client = client.clone();
+        let me = me.to_string();
+        async move {
+            let eps = endpoints_of(&client).await?;
+            (eps == vec![me]).then_some(()).ok_or(format!("{eps:?}"))
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubernetes_service_points_at_the_api_servers_that_are_up() {
     let dir = tempfile::tempdir().unwrap();
@@ -63,17 +76,7 @@ async fn the_kubernetes_service_points_at_the_api_servers_that_are_up() {
         spec.selector.is_none(),
         "nothing but the API server writes its endpoints"
     );
-    wait_until_async("the endpoints name this server", WAIT, || {
-        let client = client.clone();
-        let me = me.clone();
-        async move {
-            let eps = endpoints_of(&client).await?;
-            (eps == vec![me.clone()])
-                .then_some(())
-                .ok_or(format!("{eps:?}"))
-        }
-    })
-    .await;
+    wait_for_endpoints(&client, &me).await;
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
     let slice = slices.get("kubernetes").await.unwrap();
     assert_eq!(slice.address_type, "IPv4");
@@ -116,16 +119,6 @@ async fn the_kubernetes_service_points_at_the_api_servers_that_are_up() {
         .unwrap();
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     assert_eq!(services.get("kubernetes").await.unwrap().metadata.uid, uid);
-    wait_until_async("the endpoints name this server again", WAIT, || {
-        let client = client.clone();
-        let me = me.clone();
-        async move {
-            let eps = endpoints_of(&client).await?;
-            (eps == vec![me.clone()])
-                .then_some(())
-                .ok_or(format!("{eps:?}"))
-        }
-    })
-    .await;
+    wait_for_endpoints(&client, &me).await;
     server.shutdown().await;
 }
