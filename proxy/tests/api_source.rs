@@ -125,7 +125,12 @@ async fn services_and_slices_from_the_api_are_programmed_and_follow_changes() {
     let programmed = w.metric("skiff_proxy_services");
     // web and the API server's own `kubernetes` Service (no endpoints here: the server is
     // on loopback), not the foreign one.
-    assert_eq!(programmed, 2.0, "web and kubernetes are the proxy's:\n{}", w.metrics());
+    assert_eq!(
+        programmed,
+        2.0,
+        "web and kubernetes are the proxy's:\n{}",
+        w.metrics()
+    );
     assert!(
         w.ask(foreign).is_err(),
         "the foreign service is not translated"
