@@ -121,13 +121,17 @@ async fn read(ctx: &Ctx, key: &str) -> Result<Option<(Value, Revision)>, String>
     .transpose()
 }
 
+/// Writes `obj` at `key` (without a resourceVersion: the store's revision is the object's).
 async fn put(
     ctx: &Ctx,
     key: String,
-    obj: &Value,
+    mut obj: Value,
     precondition: Precondition,
 ) -> Result<(), String> {
-    let value = serde_json::to_vec(obj).map_err(|e| e.to_string())?.into();
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+    let value = serde_json::to_vec(&obj).map_err(|e| e.to_string())?.into();
     match ctx
         .store
         .write(WriteOp::Put {
@@ -195,7 +199,7 @@ async fn ensure_service(ctx: &Ctx, cluster_ip: IpAddr, port: u16) -> Result<(), 
     });
     // The first address is never handed out by the allocator: it is kept for this Service.
     rules::default(r, &mut obj);
-    put(ctx, key, &obj, Precondition::MustNotExist).await?;
+    put(ctx, key, obj, Precondition::MustNotExist).await?;
     tracing::info!(%cluster_ip, "the kubernetes service is in place");
     Ok(())
 }
@@ -225,10 +229,7 @@ async fn renew(ctx: &Ctx, me: SocketAddr) -> Result<(), String> {
         }
     };
     obj["spec"]["renewTime"] = json!(now);
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-    }
-    put(ctx, key, &obj, precondition).await
+    put(ctx, key, obj, precondition).await
 }
 
 /// metav1.MicroTime now.
@@ -307,10 +308,7 @@ async fn endpoints(ctx: &Ctx, leaving: Option<SocketAddr>) -> Result<(), String>
         ),
     };
     obj["subsets"] = subsets;
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-    }
-    put(ctx, key, &obj, precondition).await?;
+    put(ctx, key, obj, precondition).await?;
     slice(ctx, &live).await
 }
 
@@ -368,10 +366,7 @@ async fn slice(ctx: &Ctx, live: &BTreeSet<SocketAddr>) -> Result<(), String> {
     };
     obj["endpoints"] = json!(endpoints);
     obj["ports"] = ports;
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-    }
-    put(ctx, key, &obj, precondition).await
+    put(ctx, key, obj, precondition).await
 }
 
 #[cfg(test)]

@@ -292,15 +292,20 @@ fn forbidden_label(key: &str) -> bool {
     (in_namespace(ns, "kubernetes.io") || in_namespace(ns, "k8s.io")) && !is_kubelet_label(key)
 }
 
-fn node_object(node: &str, req: &Request<'_>, obj: Option<&Value>) -> Result<(), ApiError> {
-    let deny = |why: String| Err(req.forbidden(obj, why));
-    let requested = match req.name {
+/// The object's name: the URL's, else (a create) the body's.
+fn requested_name<'a>(req: &Request<'a>, obj: Option<&'a Value>) -> &'a str {
+    match req.name {
         "" => obj
             .and_then(|o| o.pointer("/metadata/name"))
             .and_then(Value::as_str)
             .unwrap_or_default(),
         n => n,
-    };
+    }
+}
+
+fn node_object(node: &str, req: &Request<'_>, obj: Option<&Value>) -> Result<(), ApiError> {
+    let deny = |why: String| Err(req.forbidden(obj, why));
+    let requested = requested_name(req, obj);
     if requested != node {
         return deny(format!(
             "node {node:?} is not allowed to modify node {requested:?}"
@@ -332,13 +337,7 @@ fn node_object(node: &str, req: &Request<'_>, obj: Option<&Value>) -> Result<(),
 }
 
 fn lease(node: &str, req: &Request<'_>, obj: Option<&Value>) -> Result<(), ApiError> {
-    let name = match req.name {
-        "" => obj
-            .and_then(|o| o.pointer("/metadata/name"))
-            .and_then(Value::as_str)
-            .unwrap_or_default(),
-        n => n,
-    };
+    let name = requested_name(req, obj);
     if name != node {
         return Err(req.forbidden(
             obj,
