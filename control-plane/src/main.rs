@@ -6,6 +6,7 @@
 //! `control-plane scheduler --kubeconfig PATH`
 //! `control-plane server --data-dir DIR --listen ADDR --write-kubeconfig PATH [--disable ...]`
 //! `control-plane kubeconfig --data-dir DIR --user NAME [--group G] --out PATH`
+//! `control-plane token create --kubeconfig PATH [--ttl 24h]`
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,6 +49,28 @@ enum Command {
     /// Write a kubeconfig for a user with a new client certificate from the cluster CA
     /// (CN = the user, O = the group), as `kubeadm kubeconfig user` does.
     Kubeconfig(KubeconfigArgs),
+    /// Bootstrap tokens, with which node agents join (`kubeadm token`).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Make a bootstrap token (a `kube-system/bootstrap-token-<id>` Secret) and print it,
+    /// `<id>.<secret>`. Its user is in `system:bootstrappers` and, by default, kubeadm's
+    /// node group, whose node client certificate requests are approved automatically.
+    Create {
+        /// An administrator's kubeconfig.
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// How long the token is valid (0: forever).
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        ttl: Duration,
+        /// Extra groups of the token's user (each `system:bootstrappers:...`).
+        #[arg(long, value_delimiter = ',',
+            default_value = control_plane::apiserver::auth::bootstrap::NODE_GROUP)]
+        groups: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -316,6 +339,11 @@ fn main() -> Result<()> {
         Command::Server(a) => rt.block_on(server(*a)),
         Command::Snapshot(c) => rt.block_on(snapshot(c)),
         Command::Kubeconfig(a) => user_kubeconfig(a),
+        Command::Token(TokenCommand::Create {
+            kubeconfig,
+            ttl,
+            groups,
+        }) => rt.block_on(token_create(&kubeconfig, ttl, &groups)),
     }
 }
 
@@ -396,6 +424,19 @@ fn user_kubeconfig(a: KubeconfigArgs) -> Result<()> {
     Ok(())
 }
 
+async fn token_create(
+    kubeconfig: &std::path::Path,
+    ttl: Duration,
+    groups: &[String],
+) -> Result<()> {
+    let client = control_plane::runtime::client::from_kubeconfig(kubeconfig).await?;
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    let ttl = (!ttl.is_zero()).then_some(ttl);
+    let token = control_plane::apiserver::auth::bootstrap::create(&client, ttl, &groups).await?;
+    println!("{token}");
+    Ok(())
+}
+
 /// Resolves on SIGTERM or SIGINT.
 async fn terminated() -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
@@ -420,6 +461,10 @@ async fn controller_manager(a: ControllerManagerArgs) -> Result<()> {
     )
     .map_err(anyhow::Error::msg)
     .context("--root-ca-file")?;
+    settings.cluster_signing = a
+        .controllers
+        .cluster_signing(None)
+        .context("--cluster-signing-cert-file")?;
     let config = ManagerConfig {
         settings,
         leader_election: a.leader.config("kube-controller-manager"),
@@ -507,6 +552,12 @@ async fn server(a: ServerArgs) -> Result<()> {
     )
     .map_err(anyhow::Error::msg)
     .context("--root-ca-file")?;
+    // The controllers sign with the cluster CA of the data directory unless told otherwise.
+    let pki = control_plane::apiserver::certs::pki_dir(api.data_dir());
+    settings.cluster_signing = a
+        .controllers
+        .cluster_signing(Some((pki.join("ca.crt"), pki.join("ca.key"))))
+        .context("--cluster-signing-cert-file")?;
     let controllers_client =
         client_of(control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG).await?;
     let scheduler_client = client_of(control_plane::apiserver::SCHEDULER_KUBECONFIG).await?;

@@ -9,6 +9,7 @@
 //! to a PodStatus).
 
 pub mod agent;
+pub mod bootstrap;
 pub mod cgroups;
 pub mod cni;
 pub mod containerd;

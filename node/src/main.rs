@@ -20,8 +20,16 @@ struct Cli {
 enum Command {
     /// Register the node and run its pods until SIGTERM (pods keep running after it).
     Run {
+        /// The node's kubeconfig; written by TLS bootstrap when missing or expired.
         #[arg(long)]
         kubeconfig: PathBuf,
+        /// A kubeconfig with a bootstrap token, to get the node's client certificate through
+        /// a CertificateSigningRequest when --kubeconfig has none (TLS bootstrap).
+        #[arg(long)]
+        bootstrap_kubeconfig: Option<PathBuf>,
+        /// Where the node's client key and certificate live (default DATA_DIR/pki).
+        #[arg(long)]
+        cert_dir: Option<PathBuf>,
         /// The node name (default: the host name).
         #[arg(long)]
         name: Option<String>,
@@ -70,6 +78,8 @@ async fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Run {
             kubeconfig,
+            bootstrap_kubeconfig,
+            cert_dir,
             name,
             data_dir,
             cri_socket,
@@ -86,6 +96,16 @@ async fn main() -> Result<()> {
                     .trim()
                     .to_string(),
             };
+            let kubeconfig =
+                node::bootstrap::ensure_kubeconfig(&node::bootstrap::BootstrapConfig {
+                    kubeconfig,
+                    bootstrap_kubeconfig,
+                    cert_dir: cert_dir.unwrap_or_else(|| data_dir.join("pki")),
+                    node_name: name.clone(),
+                    timeout: std::time::Duration::from_secs(300),
+                })
+                .await
+                .context("TLS bootstrap")?;
             let kc = kube::config::Kubeconfig::read_from(&kubeconfig)
                 .with_context(|| format!("reading {}", kubeconfig.display()))?;
             let client_config =

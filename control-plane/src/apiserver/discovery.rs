@@ -74,7 +74,10 @@ pub fn group(name: &str) -> Option<Value> {
 
 fn subresource_verbs(s: Subresource) -> Vec<String> {
     match s {
-        Subresource::Status | Subresource::Scale | Subresource::EphemeralContainers => {
+        Subresource::Status
+        | Subresource::Scale
+        | Subresource::EphemeralContainers
+        | Subresource::Approval => {
             vec!["get".into(), "patch".into(), "update".into()]
         }
         Subresource::Binding | Subresource::Eviction | Subresource::Token => {
@@ -101,7 +104,9 @@ fn subresource_kind(r: &Resource, s: Subresource) -> (&'static str, &'static str
         Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
         Subresource::Proxy => ("", "v1", proxy_options(r.kind)),
         Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest"),
-        Subresource::Status | Subresource::EphemeralContainers => (r.group, r.version, r.kind),
+        Subresource::Status | Subresource::EphemeralContainers | Subresource::Approval => {
+            (r.group, r.version, r.kind)
+        }
     }
 }
 

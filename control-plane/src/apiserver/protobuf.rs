@@ -10,6 +10,7 @@ use k8s_pb::api::apps::v1 as apps;
 use k8s_pb::api::authentication::v1 as authn;
 use k8s_pb::api::authorization::v1 as authorization;
 use k8s_pb::api::batch::v1 as batch;
+use k8s_pb::api::certificates::v1 as certificates;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::api::policy::v1 as policy;
 use k8s_pb::api::rbac::v1 as rbac;
@@ -184,6 +185,9 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
             let r = authn::SelfSubjectReview::decode(&*bytes).map_err(bad)?;
             obj(vec![("metadata", Some(object_meta(r.metadata)))])
         }
+        ("certificates.k8s.io/v1", "CertificateSigningRequest") => certificate_signing_request(
+            certificates::CertificateSigningRequest::decode(&*bytes).map_err(bad)?,
+        ),
         ("v1", "ServiceAccount") => {
             let sa = core::ServiceAccount::decode(&*bytes).map_err(bad)?;
             obj(vec![("metadata", Some(object_meta(sa.metadata)))])
@@ -197,6 +201,68 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     v["apiVersion"] = json!(api_version);
     v["kind"] = json!(kind);
     Ok(v)
+}
+
+/// A CertificateSigningRequest (`kubectl certificate approve|deny` sends the whole object to
+/// `/approval`).
+fn certificate_signing_request(c: certificates::CertificateSigningRequest) -> Value {
+    let bytes = |b: Option<Vec<u8>>| b.filter(|b| !b.is_empty()).map(|b| json!(ByteString(b)));
+    let spec = c.spec.unwrap_or_default();
+    let extra = (!spec.extra.is_empty()).then(|| {
+        Value::Object(
+            spec.extra
+                .into_iter()
+                .map(|(k, v)| (k, json!(v.items)))
+                .collect(),
+        )
+    });
+    let status = c.status.map(|st| {
+        let conditions = (!st.conditions.is_empty()).then(|| {
+            Value::Array(
+                st.conditions
+                    .into_iter()
+                    .map(|cond| {
+                        obj(vec![
+                            ("type", s(cond.r#type)),
+                            ("status", s(cond.status)),
+                            ("reason", s(cond.reason)),
+                            ("message", s(cond.message)),
+                            ("lastUpdateTime", time(cond.last_update_time)),
+                            ("lastTransitionTime", time(cond.last_transition_time)),
+                        ])
+                    })
+                    .collect(),
+            )
+        });
+        obj(vec![
+            ("conditions", conditions),
+            ("certificate", bytes(st.certificate)),
+        ])
+    });
+    obj(vec![
+        ("metadata", Some(object_meta(c.metadata))),
+        (
+            "spec",
+            Some(obj(vec![
+                ("request", bytes(spec.request)),
+                ("signerName", s(spec.signer_name)),
+                ("expirationSeconds", n(spec.expiration_seconds)),
+                ("usages", strings(spec.usages)),
+                ("username", s(spec.username)),
+                ("uid", s(spec.uid)),
+                ("groups", strings(spec.groups)),
+                ("extra", extra),
+            ])),
+        ),
+        ("status", status),
+    ])
+}
+
+/// A metav1.Time (seconds since the epoch) as RFC 3339, None when unset or out of range.
+fn time(t: Option<meta::Time>) -> Option<Value> {
+    let t = t?;
+    let at = k8s_openapi::jiff::Timestamp::from_second(t.seconds?).ok()?;
+    Some(json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()))
 }
 
 fn unsupported(what: &str) -> ApiError {

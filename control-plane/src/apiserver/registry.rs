@@ -31,6 +31,9 @@ pub enum Subresource {
     /// `serviceaccounts/token`: an authentication.k8s.io/v1 TokenRequest, answered with a
     /// bound service account token (`kubectl create token`).
     Token,
+    /// `certificatesigningrequests/approval`: writes change only the Approved and Denied
+    /// conditions (`kubectl certificate approve|deny`).
+    Approval,
 }
 
 impl Subresource {
@@ -47,6 +50,7 @@ impl Subresource {
             Subresource::EphemeralContainers => "ephemeralcontainers",
             Subresource::Proxy => "proxy",
             Subresource::Token => "token",
+            Subresource::Approval => "approval",
         }
     }
 }
@@ -810,6 +814,22 @@ pub static RESOURCES: &[Resource] = &[
         storage: Storage::Own,
         schema: schema::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>(
         ),
+    },
+    Resource {
+        group: "certificates.k8s.io",
+        version: "v1",
+        kind: "CertificateSigningRequest",
+        plural: "certificatesigningrequests",
+        singular: "certificatesigningrequest",
+        scope: Scope::Cluster,
+        short_names: &["csr"],
+        categories: NONE,
+        subresources: &[Status, Approval],
+        fields: &["spec.signerName"],
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Reset,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(),
     },
 ];
 

@@ -77,9 +77,41 @@ pub struct ControllerArgs {
     /// (default: the certificate authority of the kubeconfig).
     #[arg(long)]
     pub root_ca_file: Option<std::path::PathBuf>,
+    /// The CA certificate that signs approved CertificateSigningRequests (`control-plane
+    /// server`: the cluster CA in its data directory).
+    #[arg(long, requires = "cluster_signing_key_file")]
+    pub cluster_signing_cert_file: Option<std::path::PathBuf>,
+    /// The key of --cluster-signing-cert-file.
+    #[arg(long, requires = "cluster_signing_cert_file")]
+    pub cluster_signing_key_file: Option<std::path::PathBuf>,
+    /// The longest certificate the signer issues (a request's expirationSeconds is capped
+    /// by it).
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    pub cluster_signing_duration: Duration,
 }
 
 impl ControllerArgs {
+    /// The signing CA of --cluster-signing-cert-file and --cluster-signing-key-file, else of
+    /// `default` (cert, key) when given (None: csrsigning does not run).
+    pub fn cluster_signing(
+        &self,
+        default: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    ) -> Result<Option<std::sync::Arc<super::csrsigning::Signing>>, crate::pki::PkiError> {
+        let files = match (
+            &self.cluster_signing_cert_file,
+            &self.cluster_signing_key_file,
+        ) {
+            (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+            _ => default,
+        };
+        files
+            .map(|(c, k)| {
+                super::csrsigning::Signing::load(&c, &k, self.cluster_signing_duration)
+                    .map(std::sync::Arc::new)
+            })
+            .transpose()
+    }
+
     /// The settings these flags give, minus the controllers in `disabled`.
     pub fn settings(&self, disabled: &[super::ControllerName]) -> Result<Settings, String> {
         let mut enabled = parse_controllers(&self.controllers)?;

@@ -6,7 +6,8 @@
 //! [`podgc`]), [`nodeipam`], [`daemonset`], [`clusterroleaggregation`], [`servicelb`], [`job`] (with
 //! [`ttlafterfinished`]), [`cronjob`], [`statefulset`] (with [`history`], the
 //! ControllerRevisions it shares with DaemonSets), [`resourcequota`], [`serviceaccounts`] and
-//! [`rootcacertpublisher`] (each namespace's identity for pods); [`pods`] holds what they
+//! [`rootcacertpublisher`] (each namespace's identity for pods), [`csrapproving`] and
+//! [`csrsigning`] (node client certificates through CertificateSigningRequests); [`pods`] holds what they
 //! ask of pods; [`manager`] runs the enabled ones under leader election with health and
 //! metrics; [`flags`] are the
 //! controller-manager's command-line flags.
@@ -16,6 +17,8 @@
 
 pub mod clusterroleaggregation;
 pub mod cronjob;
+pub mod csrapproving;
+pub mod csrsigning;
 pub mod daemonset;
 pub mod deployment;
 pub mod discovery;
@@ -82,10 +85,12 @@ pub enum ControllerName {
     ResourceQuota,
     ServiceAccount,
     RootCaCertPublisher,
+    CsrApproving,
+    CsrSigning,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 20] = [
+    pub const ALL: [ControllerName; 22] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -106,6 +111,8 @@ impl ControllerName {
         ControllerName::ResourceQuota,
         ControllerName::ServiceAccount,
         ControllerName::RootCaCertPublisher,
+        ControllerName::CsrApproving,
+        ControllerName::CsrSigning,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -130,6 +137,8 @@ impl ControllerName {
             ControllerName::ResourceQuota => "resourcequota",
             ControllerName::ServiceAccount => "serviceaccount",
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
+            ControllerName::CsrApproving => "csrapproving",
+            ControllerName::CsrSigning => "csrsigning",
         }
     }
 
@@ -156,6 +165,8 @@ impl ControllerName {
             ControllerName::ResourceQuota => "resourcequota-controller",
             ControllerName::ServiceAccount => "serviceaccount-controller",
             ControllerName::RootCaCertPublisher => "root-ca-certificate-publisher-controller",
+            ControllerName::CsrApproving => "certificatesigningrequest-approving-controller",
+            ControllerName::CsrSigning => "certificatesigningrequest-signing-controller",
         }
     }
 }
@@ -263,6 +274,9 @@ pub struct Settings {
     /// The CA bundle published to every namespace as `kube-root-ca.crt` (None: the
     /// publisher does not run).
     pub root_ca: Option<rootcacertpublisher::RootCa>,
+    /// The CA that signs approved CertificateSigningRequests (None: csrsigning does not
+    /// run).
+    pub cluster_signing: Option<Arc<csrsigning::Signing>>,
 }
 
 impl Default for Settings {
@@ -293,6 +307,7 @@ impl Default for Settings {
             service_lb_pool: None,
             eviction_rates: disruption::Rates::default(),
             root_ca: None,
+            cluster_signing: None,
         }
     }
 }
@@ -432,6 +447,14 @@ pub async fn run(
     }
     if on(ControllerName::RootCaCertPublisher) {
         tasks.extend(rootcacertpublisher::build(&ctx, t()));
+    }
+    if on(ControllerName::CsrApproving) {
+        tasks.push(Box::pin(csrapproving::build(&ctx).run(t())));
+    }
+    if on(ControllerName::CsrSigning) {
+        if let Some(c) = csrsigning::build(&ctx) {
+            tasks.push(Box::pin(c.run(t())));
+        }
     }
     if on(ControllerName::Namespace) {
         tasks.push(Box::pin(namespace::build(&ctx).run(t())));

@@ -315,17 +315,13 @@ impl CertRequest {
     /// Parses and checks a PEM request. A subject with several organizations is refused
     /// (see [`Subject`]).
     pub fn parse(pem: &str) -> Result<CertRequest, PkiError> {
-        use rustls::pki_types::pem::PemObject;
-        use x509_parser::prelude::FromDer;
-        let der = rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(pem.as_bytes())
-            .map_err(|e| {
-            PkiError::Invalid(format!("expected a PEM CERTIFICATE REQUEST block: {e}"))
-        })?;
-        let (_, csr) =
-            x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
-                .map_err(|e| PkiError::Invalid(format!("the request does not parse: {e}")))?;
-        csr.verify_signature()
-            .map_err(|_| PkiError::Invalid("the request's signature is invalid".into()))?;
+        with_request(pem, |csr| CertRequest::of(pem, csr))
+    }
+
+    fn of(
+        pem: &str,
+        csr: &x509_parser::certification_request::X509CertificationRequest<'_>,
+    ) -> Result<CertRequest, PkiError> {
         let info = &csr.certification_request_info;
         let subject = subject_of(&info.subject)?;
         let mut sans = Vec::new();
@@ -354,6 +350,42 @@ impl CertRequest {
             sans,
         })
     }
+}
+
+/// Decodes a PEM request, parses it and checks its signature, then hands it to `f`.
+fn with_request<T>(
+    pem: &str,
+    f: impl FnOnce(
+        &x509_parser::certification_request::X509CertificationRequest<'_>,
+    ) -> Result<T, PkiError>,
+) -> Result<T, PkiError> {
+    use rustls::pki_types::pem::PemObject;
+    use x509_parser::prelude::FromDer;
+    let der = rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| PkiError::Invalid(format!("expected a PEM CERTIFICATE REQUEST block: {e}")))?;
+    let (_, csr) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
+            .map_err(|e| PkiError::Invalid(format!("the request does not parse: {e}")))?;
+    csr.verify_signature()
+        .map_err(|_| PkiError::Invalid("the request's signature is invalid".into()))?;
+    f(&csr)
+}
+
+/// Whether `pem` is one PKCS#10 request that parses and whose signature holds (what the
+/// API server checks of a CertificateSigningRequest; the signer decides on the rest).
+pub fn check_request(pem: &str) -> Result<(), PkiError> {
+    with_request(pem, |_| Ok(()))
+}
+
+/// Whether `pem` holds one or more certificates and nothing else.
+pub fn check_certificates(pem: &str) -> Result<(), PkiError> {
+    let certs = super::tls::certs_from_pem(pem)?;
+    if certs.is_empty() {
+        return Err(PkiError::Invalid(
+            "must contain at least one CERTIFICATE PEM block".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn ip_of(b: &[u8]) -> Option<IpAddr> {
@@ -397,16 +429,48 @@ pub fn subject_of(name: &x509_parser::x509::X509Name<'_>) -> Result<Subject, Pki
 /// sends in a CertificateSigningRequest): (request PEM, key PEM).
 pub fn new_request(subject: &Subject, sans: &[San]) -> Result<(String, String), PkiError> {
     let key_pair = KeyPair::generate().map_err(PkiError::cert("generating a key"))?;
+    let key_pem = key_pair.serialize_pem();
+    Ok((request_for(subject, sans, &key_pair)?, key_pem))
+}
+
+/// A new key pair, PEM (P-256, as every key made here).
+pub fn new_key() -> Result<String, PkiError> {
+    Ok(KeyPair::generate()
+        .map_err(PkiError::cert("generating a key"))?
+        .serialize_pem())
+}
+
+/// A certificate request for `subject` and `sans` signed with the key `key_pem` (a node
+/// agent keeps its key across restarts while a request is pending).
+pub fn request_with_key(
+    subject: &Subject,
+    sans: &[San],
+    key_pem: &str,
+) -> Result<String, PkiError> {
+    let key_pair = KeyPair::from_pem(key_pem).map_err(PkiError::cert("the private key"))?;
+    request_for(subject, sans, &key_pair)
+}
+
+/// When the first certificate of `pem` stops being valid, in seconds since the epoch.
+pub fn not_after(pem: &str) -> Result<i64, PkiError> {
+    let der = super::tls::certs_from_pem(pem)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| PkiError::Invalid("no certificate".into()))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| PkiError::Invalid(format!("the certificate does not parse: {e}")))?;
+    Ok(cert.validity().not_after.timestamp())
+}
+
+fn request_for(subject: &Subject, sans: &[San], key_pair: &KeyPair) -> Result<String, PkiError> {
     let mut params = CertificateParams::default();
     params.distinguished_name = subject.distinguished_name();
     params.subject_alt_names = sans.iter().map(San::to_rcgen).collect::<Result<_, _>>()?;
     let csr = params
-        .serialize_request(&key_pair)
+        .serialize_request(key_pair)
         .map_err(PkiError::cert("making the certificate request"))?;
-    let pem = csr
-        .pem()
-        .map_err(PkiError::cert("encoding the certificate request"))?;
-    Ok((pem, key_pair.serialize_pem()))
+    csr.pem()
+        .map_err(PkiError::cert("encoding the certificate request"))
 }
 
 #[cfg(test)]

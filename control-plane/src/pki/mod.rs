@@ -12,7 +12,10 @@ pub mod ca;
 pub mod files;
 pub mod tls;
 
-pub use ca::{new_request, Ca, CertRequest, CertSpec, Issued, San, Subject, Usage};
+pub use ca::{
+    check_certificates, check_request, new_key, new_request, not_after, request_with_key, Ca,
+    CertRequest, CertSpec, Issued, San, Subject, Usage,
+};
 pub use tls::{ClientVerifier, PeerCertificate};
 
 /// Why a certificate or key could not be made, read or used.

@@ -137,6 +137,44 @@ pub fn secret(token: &str, expiration: Option<&str>, extra_groups: &[&str]) -> O
     }))
 }
 
+/// Makes a new token valid for `ttl` (None: forever) in `extra_groups` through the API
+/// (`control-plane token create`, kubeadm's `token create`); returns `<id>.<secret>`.
+pub async fn create(
+    client: &kube::Client,
+    ttl: Option<std::time::Duration>,
+    extra_groups: &[&str],
+) -> Result<String, CreateError> {
+    use k8s_openapi::api::core::v1::Secret;
+    let token = generate();
+    let expiration = match ttl {
+        None => None,
+        Some(ttl) => {
+            let ttl = k8s_openapi::jiff::SignedDuration::try_from(ttl)
+                .map_err(|e| CreateError::Ttl(e.to_string()))?;
+            let at = k8s_openapi::jiff::Timestamp::now()
+                .checked_add(ttl)
+                .map_err(|e| CreateError::Ttl(e.to_string()))?;
+            Some(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        }
+    };
+    let obj = secret(&token, expiration.as_deref(), extra_groups)
+        .ok_or_else(|| CreateError::Ttl("a generated token has the bootstrap shape".into()))?;
+    let obj: Secret = serde_json::from_value(obj).map_err(|e| CreateError::Ttl(e.to_string()))?;
+    kube::Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .create(&kube::api::PostParams::default(), &obj)
+        .await?;
+    Ok(token)
+}
+
+/// Why a token could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("the token's lifetime: {0}")]
+    Ttl(String),
+    #[error("creating the bootstrap token Secret: {0}")]
+    Api(#[from] kube::Error),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

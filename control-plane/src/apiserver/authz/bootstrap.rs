@@ -137,7 +137,40 @@ pub fn node_rules() -> Vec<Rule> {
 
 /// The per-controller roles of the controllers skiff's controller manager runs.
 fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
+    const CERTIFICATES: &str = "certificates.k8s.io";
     vec![
+        (
+            "certificate-controller",
+            vec![
+                r(
+                    &["delete", "get", "list", "watch"],
+                    &[CERTIFICATES],
+                    &["certificatesigningrequests"],
+                ),
+                r(
+                    &["patch", "update"],
+                    &[CERTIFICATES],
+                    &[
+                        "certificatesigningrequests/approval",
+                        "certificatesigningrequests/status",
+                    ],
+                ),
+                r(&["approve"], &[CERTIFICATES], &["signers"])
+                    .named(&["kubernetes.io/kube-apiserver-client-kubelet"]),
+                r(&["sign"], &[CERTIFICATES], &["signers"]).named(&[
+                    "kubernetes.io/kube-apiserver-client",
+                    "kubernetes.io/kube-apiserver-client-kubelet",
+                    "kubernetes.io/kubelet-serving",
+                    "kubernetes.io/legacy-unknown",
+                ]),
+                r(
+                    &["create"],
+                    &["authorization.k8s.io"],
+                    &["subjectaccessreviews"],
+                ),
+                events_rule(),
+            ],
+        ),
         (
             "clusterrole-aggregation-controller",
             vec![r(
@@ -907,6 +940,25 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
             vec![subject("User", "system:kube-proxy")],
         ),
     ];
+    // kubeadm's node bootstrap bindings: a node agent joining with a bootstrap token of the
+    // default node group may ask for a node client certificate (approved automatically), and
+    // a node may renew its own.
+    let node_tokens = || subject("Group", crate::apiserver::auth::bootstrap::NODE_GROUP);
+    out.push(binding(
+        "kubeadm:kubelet-bootstrap",
+        "system:node-bootstrapper",
+        vec![node_tokens()],
+    ));
+    out.push(binding(
+        "kubeadm:node-autoapprove-bootstrap",
+        "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+        vec![node_tokens()],
+    ));
+    out.push(binding(
+        "kubeadm:node-autoapprove-certificate-rotation",
+        "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+        vec![subject("Group", "system:nodes")],
+    ));
     for (name, _) in controller_roles() {
         let full = format!("system:controller:{name}");
         out.push(binding(

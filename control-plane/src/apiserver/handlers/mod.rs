@@ -3,6 +3,7 @@
 //! Shared here: the server state the handlers use ([`Ctx`]) and the dispatch by method.
 
 mod authentication;
+mod certificates;
 mod delete;
 mod kubelet;
 mod proxy;
@@ -237,6 +238,13 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
         }
         (Method::PATCH, Some(n), Some(Subresource::Status)) => {
             write::patch(ctx, &call, &n, write::Part::Status).await
+        }
+        (Method::GET, Some(n), Some(Subresource::Approval)) => read::get(ctx, &call, &n).await,
+        (Method::PUT, Some(n), Some(Subresource::Approval)) => {
+            write::update(ctx, &call, &n, write::Part::Approval).await
+        }
+        (Method::PATCH, Some(n), Some(Subresource::Approval)) => {
+            write::patch(ctx, &call, &n, write::Part::Approval).await
         }
         (Method::GET, Some(n), Some(Subresource::EphemeralContainers)) => {
             read::get(ctx, &call, &n).await

@@ -10,7 +10,7 @@ use http::{header, StatusCode};
 use serde_json::{json, Value};
 
 use super::read::current;
-use super::{check_kind, store_error, Call, Ctx};
+use super::{certificates, check_kind, store_error, Call, Ctx};
 use crate::apiserver::admission::{self, Request, Schema};
 use crate::apiserver::authz::escalation;
 use crate::apiserver::negotiate::{self, BodyFormat};
@@ -29,6 +29,8 @@ pub enum Part {
     Main,
     /// The status subresource: only `.status`.
     Status,
+    /// `certificatesigningrequests/approval`: only the Approved and Denied conditions.
+    Approval,
     /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers`.
     EphemeralContainers,
     /// A write the server itself composes (a binding): taken whole, without the update
@@ -157,6 +159,9 @@ pub async fn create_object(
 ) -> Result<Value, ApiError> {
     let (r, ns) = (call.resource, call.namespace());
     place(r, ns, &mut obj)?;
+    if certificates::is_csr(r) {
+        certificates::prepare_create(&mut obj, call.user)?;
+    }
     let m = meta::metadata_mut(&mut obj)?;
     let has_name = m
         .get("name")
@@ -356,7 +361,7 @@ pub async fn update_object(
                 Some("binding"),
                 Schema::Trusted,
             ),
-            Part::Main | Part::Status => (
+            Part::Main | Part::Status | Part::Approval => (
                 admission::Operation::Update,
                 call.path.subresource.as_deref(),
                 Schema::Validate,
@@ -377,6 +382,9 @@ pub async fn update_object(
                 opts.field_manager.as_deref(),
             ));
         ctx.admission.admit(&req, &mut new, schema).await?;
+        if certificates::is_csr(r) {
+            certificates::authorize_update(ctx, call.user, subresource, &new, &cur).await?;
+        }
         escalation::check(ctx, call.user, r, call.namespace(), &new, Some(&cur)).await?;
         let alloc = ctx
             .allocator
@@ -449,6 +457,14 @@ fn finishes_deletion(cur: &Value, new: &Value) -> bool {
 
 /// Carries over what a client cannot change and separates the main resource from status.
 fn prepare_update(r: &Resource, part: Part, new: &mut Value, cur: &Value) -> Result<(), ApiError> {
+    if certificates::is_csr(r) && matches!(part, Part::Status | Part::Approval) {
+        // Approval only through /approval, the rest of status only through /status.
+        *new = match part {
+            Part::Approval => crate::machinery::kinds::certificates::approval_update(new, cur),
+            _ => crate::machinery::kinds::certificates::status_update(new, cur),
+        };
+        return Ok(());
+    }
     if part == Part::Status {
         // Only status changes (Kubernetes' ResetObjectMetaForStatus and status strategies).
         let status = new.get("status").cloned();

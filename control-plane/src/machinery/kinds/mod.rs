@@ -9,6 +9,7 @@ mod admissionregistration;
 mod apps;
 mod autoscaling;
 pub mod batch;
+pub mod certificates;
 mod common;
 mod coordination;
 mod core;
@@ -273,6 +274,13 @@ static PERSISTENT_VOLUME_CLAIM: KindRules = KindRules {
     row: statefulset::claim_row,
     field: statefulset::claim_field,
 };
+static CERTIFICATE_SIGNING_REQUEST: KindRules = KindRules {
+    default: no_defaults,
+    validate: certificates::validate,
+    columns: certificates::columns,
+    row: certificates::row,
+    field: certificates::field,
+};
 static SCALE: KindRules = KindRules {
     default: no_defaults,
     validate: autoscaling::validate,
@@ -314,6 +322,7 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("apps", "StatefulSet") => &STATEFUL_SET,
         ("apps", "ControllerRevision") => &CONTROLLER_REVISION,
         ("", "PersistentVolumeClaim") => &PERSISTENT_VOLUME_CLAIM,
+        (certificates::GROUP, "CertificateSigningRequest") => &CERTIFICATE_SIGNING_REQUEST,
         _ => return None,
     })
 }
@@ -338,7 +347,11 @@ mod tests {
         };
         let namespaced = !matches!(
             kind,
-            "Namespace" | "Node" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "Node"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "CertificateSigningRequest"
         );
         let mut v = json!({
             "apiVersion": api_version, "kind": kind,
@@ -415,6 +428,10 @@ mod tests {
                     "template": {"spec": {"restartPolicy": "OnFailure",
                         "containers": [{"name": "tick", "image": "busybox"}]}}}}});
             }
+            (certificates::GROUP, "CertificateSigningRequest") => {
+                let csr = certificates::tests::minimal("web", "jane", None);
+                v["spec"] = csr["spec"].clone();
+            }
             _ => {}
         }
         v
@@ -447,6 +464,7 @@ mod tests {
         ("apps", "StatefulSet"),
         ("apps", "ControllerRevision"),
         ("", "PersistentVolumeClaim"),
+        (certificates::GROUP, "CertificateSigningRequest"),
     ];
 
     #[test]
