@@ -140,11 +140,9 @@ impl Reconciler for ApprovingController {
     type Key = ObjectKey;
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
-        let Some(c) = self.csrs.get(key) else {
+        let Some((c, value)) = super::csrsigning::cached(&self.csrs, key)? else {
             return Ok(Action::AwaitChange);
         };
-        let value =
-            serde_json::to_value(c.as_ref()).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
         let mut approved_by = None;
         for r in recognize(&value) {
             if self.allowed(&c, r).await? {

@@ -171,6 +171,19 @@ pub fn now() -> Value {
     .unwrap_or(Value::Null)
 }
 
+/// The cached request at `key` and its JSON (what the rules of `machinery` read).
+pub fn cached(
+    csrs: &Informer<CertificateSigningRequest>,
+    key: &ObjectKey,
+) -> Result<Option<(Arc<CertificateSigningRequest>, Value)>, ReconcileError> {
+    let Some(c) = csrs.get(key) else {
+        return Ok(None);
+    };
+    let value =
+        serde_json::to_value(c.as_ref()).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
+    Ok(Some((c, value)))
+}
+
 pub struct SigningController {
     client: Client,
     csrs: Informer<CertificateSigningRequest>,
@@ -208,11 +221,9 @@ impl Reconciler for SigningController {
     type Key = ObjectKey;
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
-        let Some(c) = self.csrs.get(key) else {
+        let Some((c, value)) = cached(&self.csrs, key)? else {
             return Ok(Action::AwaitChange);
         };
-        let value =
-            serde_json::to_value(c.as_ref()).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
         let rv = c.resource_version().unwrap_or_default();
         let status = match plan(&value, &self.signing) {
             Plan::Nothing => return Ok(Action::AwaitChange),
