@@ -92,6 +92,10 @@ pub struct Spec {
     /// part of the pod network). Only for a cluster whose pod network is its own on the
     /// machine: `xtask up`, or a test that passes a `--cluster-cidr` of its own.
     pub pod_routes_on_host: bool,
+    /// Node agents join with a bootstrap token (`control-plane token create`) and get their
+    /// own client certificate through a CertificateSigningRequest (TLS bootstrap), instead
+    /// of the admin kubeconfig.
+    pub tls_bootstrap: bool,
 }
 
 /// Hard eviction thresholds for nodes that share the machine's disk with its builds. The
@@ -125,6 +129,7 @@ impl Spec {
             control_plane_args: Vec::new(),
             eviction_hard: DEV_EVICTION_HARD.to_string(),
             pod_routes_on_host: false,
+            tls_bootstrap: false,
         }
     }
 }
@@ -248,6 +253,11 @@ impl Cluster {
                 c.start_relay(spec)
             })?;
         self.write_node_kubeconfig(api_relay)?;
+        if spec.tls_bootstrap {
+            self.step("a bootstrap token for the nodes", |c| {
+                c.write_bootstrap_kubeconfig(spec)
+            })?;
+        }
         for (i, name) in spec.nodes.iter().enumerate() {
             self.step(&format!("node {name}: netns, veth, cgroups, agent"), |c| {
                 c.start_node(spec, i, name, registry_relay)
@@ -397,6 +407,48 @@ impl Cluster {
         write_private(&self.node_kubeconfig(), &rewritten)
     }
 
+    /// A kubeconfig with a new bootstrap token (the real `control-plane token create`) and
+    /// the API server at the relay: what node agents join with under TLS bootstrap.
+    fn write_bootstrap_kubeconfig(&self, spec: &Spec) -> Result<(), Error> {
+        use base64::Engine;
+        let out = command_output(
+            Command::new(&spec.binaries.control_plane)
+                .args(["token", "create", "--kubeconfig"])
+                .arg(self.kubeconfig()),
+        )?;
+        let token = out.trim();
+        let node = KubeconfigAccess::read(&self.node_kubeconfig()).map_err(Error::new)?;
+        let ca = node
+            .ca_pem
+            .ok_or_else(|| Error::new("the node kubeconfig names no certificate authority"))?;
+        let text = format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: skiff
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: kubelet-bootstrap
+  user:
+    token: {token}
+contexts:
+- name: skiff
+  context: {{cluster: skiff, user: kubelet-bootstrap}}
+current-context: skiff
+",
+            server = node.server,
+            ca = base64::engine::general_purpose::STANDARD.encode(ca),
+        );
+        write_private(&self.bootstrap_kubeconfig(), &text)
+    }
+
+    /// The kubeconfig with the nodes' bootstrap token (with `Spec::tls_bootstrap`).
+    pub fn bootstrap_kubeconfig(&self) -> PathBuf {
+        self.state_dir.join("bootstrap-kubeconfig")
+    }
+
     fn start_node(
         &mut self,
         spec: &Spec,
@@ -426,10 +478,17 @@ impl Cluster {
             .map_err(io_err(node.host_cgroup().display()))?;
         std::fs::create_dir_all(&node.data_dir).map_err(io_err(node.data_dir.display()))?;
         let mut cmd = Command::new(&spec.binaries.node);
-        cmd.arg("run")
-            .arg("--kubeconfig")
-            .arg(self.node_kubeconfig())
-            .args(["--name", name, "--node-ip", &node.ip.to_string()])
+        cmd.arg("run");
+        if spec.tls_bootstrap {
+            // Its own kubeconfig, written by the agent once its certificate is issued.
+            cmd.arg("--bootstrap-kubeconfig")
+                .arg(self.bootstrap_kubeconfig())
+                .arg("--kubeconfig")
+                .arg(node.data_dir.join("kubeconfig"));
+        } else {
+            cmd.arg("--kubeconfig").arg(self.node_kubeconfig());
+        }
+        cmd.args(["--name", name, "--node-ip", &node.ip.to_string()])
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args([
@@ -793,6 +852,7 @@ pub fn down(state_dir: &Path) -> Result<Vec<String>, Error> {
         "control-plane",
         "kubeconfig",
         "node-kubeconfig",
+        "bootstrap-kubeconfig",
         "kubectl-home",
     ] {
         let p = state_dir.join(leftover);
