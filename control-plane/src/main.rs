@@ -6,7 +6,7 @@
 //! `control-plane scheduler --kubeconfig PATH`
 //! `control-plane server --data-dir DIR --listen ADDR --write-kubeconfig PATH [--disable ...]`
 //! `control-plane kubeconfig --data-dir DIR --user NAME [--group G] --out PATH`
-//! `control-plane token create --kubeconfig PATH [--ttl 24h]`
+//! `control-plane token create --kubeconfig PATH [--ttl 24h] [--write-kubeconfig OUT [--server URL]]`
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,12 +57,22 @@ enum Command {
 #[derive(Subcommand)]
 enum TokenCommand {
     /// Make a bootstrap token (a `kube-system/bootstrap-token-<id>` Secret) and print it,
-    /// `<id>.<secret>`. Its user is in `system:bootstrappers` and, by default, kubeadm's
-    /// node group, whose node client certificate requests are approved automatically.
+    /// `<id>.<secret>`, or write a node agent's bootstrap kubeconfig with it. Its user is in
+    /// `system:bootstrappers` and, by default, kubeadm's node group, whose node client
+    /// certificate requests are approved automatically.
     Create {
         /// An administrator's kubeconfig.
         #[arg(long)]
         kubeconfig: PathBuf,
+        /// Write a bootstrap kubeconfig with the token (0600; for `node run
+        /// --bootstrap-kubeconfig`) to this path and print only the path: the secret never
+        /// reaches the terminal or a log.
+        #[arg(long)]
+        write_kubeconfig: Option<PathBuf>,
+        /// With --write-kubeconfig: the API server's URL as nodes reach it (default: the
+        /// administrator's kubeconfig's server).
+        #[arg(long, requires = "write_kubeconfig")]
+        server: Option<String>,
         /// How long the token is valid (0: forever).
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         ttl: Duration,
@@ -341,9 +351,14 @@ fn main() -> Result<()> {
         Command::Kubeconfig(a) => user_kubeconfig(a),
         Command::Token(TokenCommand::Create {
             kubeconfig,
+            write_kubeconfig,
+            server,
             ttl,
             groups,
-        }) => rt.block_on(token_create(&kubeconfig, ttl, &groups)),
+        }) => {
+            let out = write_kubeconfig.map(|path| (path, server));
+            rt.block_on(token_create(&kubeconfig, out, ttl, &groups))
+        }
     }
 }
 
@@ -424,16 +439,56 @@ fn user_kubeconfig(a: KubeconfigArgs) -> Result<()> {
     Ok(())
 }
 
+/// `token create`: `out` is where to write a bootstrap kubeconfig instead of printing the
+/// token, and the server URL to put in it.
 async fn token_create(
     kubeconfig: &std::path::Path,
+    out: Option<(PathBuf, Option<String>)>,
     ttl: Duration,
     groups: &[String],
 ) -> Result<()> {
+    use control_plane::apiserver::kubeconfig::{self as kc, Credentials};
     let client = control_plane::runtime::client::from_kubeconfig(kubeconfig).await?;
+    // What the bootstrap kubeconfig needs is read before the token exists: a failure here
+    // leaves no unused token behind.
+    let target = match out {
+        None => None,
+        Some((path, server)) => {
+            let ca = control_plane::controllers::rootcacertpublisher::load(None, kubeconfig)
+                .map_err(anyhow::Error::msg)?
+                .with_context(|| {
+                    format!("{} names no certificate authority", kubeconfig.display())
+                })?;
+            let server = match server {
+                Some(s) => s,
+                None => {
+                    let admin = kube::config::Kubeconfig::read_from(kubeconfig)?;
+                    kube::Config::from_custom_kubeconfig(admin, &Default::default())
+                        .await?
+                        .cluster_url
+                        .to_string()
+                }
+            };
+            Some((path, server, ca))
+        }
+    };
     let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
     let ttl = (!ttl.is_zero()).then_some(ttl);
     let token = control_plane::apiserver::auth::bootstrap::create(&client, ttl, &groups).await?;
-    println!("{token}");
+    match target {
+        None => println!("{token}"),
+        Some((path, server, ca)) => {
+            kc::write(
+                &path,
+                server.trim_end_matches('/'),
+                &ca.0,
+                "kubelet-bootstrap",
+                &Credentials::Token(token),
+            )
+            .with_context(|| format!("writing {}", path.display()))?;
+            println!("{}", path.display());
+        }
+    }
     Ok(())
 }
 

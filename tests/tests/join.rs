@@ -80,6 +80,14 @@ fn a_node_joins_with_a_bootstrap_token_and_runs_pods_as_itself() {
         }
     });
 
+    // The bootstrap kubeconfig `token create --write-kubeconfig` wrote holds a secret: 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(c.bootstrap_kubeconfig())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "bootstrap kubeconfig mode {mode:o}");
+
     // A wrong secret for the same token id: 401, as kubectl reports it.
     let bootstrap = std::fs::read_to_string(c.bootstrap_kubeconfig()).unwrap();
     let token_line = bootstrap

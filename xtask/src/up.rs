@@ -115,6 +115,10 @@ pub fn up(opts: Opts) -> Result<()> {
     // The one cluster `up` makes owns the default pod network: the control plane reaches
     // pods (webhooks served by pods) through routes on the host.
     spec.pod_routes_on_host = true;
+    // Node agents join as a node does: a bootstrap token, then their own certificate for
+    // system:node:<name> through a CertificateSigningRequest (kept in the node's data dir,
+    // reused when the agent restarts).
+    spec.tls_bootstrap = true;
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,
         args: vec!["relay".into()],

@@ -255,7 +255,7 @@ impl Cluster {
         self.write_node_kubeconfig(api_relay)?;
         if spec.tls_bootstrap {
             self.step("a bootstrap token for the nodes", |c| {
-                c.write_bootstrap_kubeconfig(spec)
+                c.write_bootstrap_kubeconfig(spec, api_relay)
             })?;
         }
         for (i, name) in spec.nodes.iter().enumerate() {
@@ -407,41 +407,20 @@ impl Cluster {
         write_private(&self.node_kubeconfig(), &rewritten)
     }
 
-    /// A kubeconfig with a new bootstrap token (the real `control-plane token create`) and
-    /// the API server at the relay: what node agents join with under TLS bootstrap.
-    fn write_bootstrap_kubeconfig(&self, spec: &Spec) -> Result<(), Error> {
-        use base64::Engine;
-        let out = command_output(
+    /// A kubeconfig with a new bootstrap token and the API server at the relay, written by
+    /// the real `control-plane token create --write-kubeconfig` (the token is never printed):
+    /// what node agents join with under TLS bootstrap.
+    fn write_bootstrap_kubeconfig(&self, spec: &Spec, api_relay: SocketAddr) -> Result<(), Error> {
+        command_output(
             Command::new(&spec.binaries.control_plane)
                 .args(["token", "create", "--kubeconfig"])
-                .arg(self.kubeconfig()),
+                .arg(self.kubeconfig())
+                .arg("--write-kubeconfig")
+                .arg(self.bootstrap_kubeconfig())
+                .arg("--server")
+                .arg(format!("https://{api_relay}")),
         )?;
-        let token = out.trim();
-        let node = KubeconfigAccess::read(&self.node_kubeconfig()).map_err(Error::new)?;
-        let ca = node
-            .ca_pem
-            .ok_or_else(|| Error::new("the node kubeconfig names no certificate authority"))?;
-        let text = format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: skiff
-  cluster:
-    server: {server}
-    certificate-authority-data: {ca}
-users:
-- name: kubelet-bootstrap
-  user:
-    token: {token}
-contexts:
-- name: skiff
-  context: {{cluster: skiff, user: kubelet-bootstrap}}
-current-context: skiff
-",
-            server = node.server,
-            ca = base64::engine::general_purpose::STANDARD.encode(ca),
-        );
-        write_private(&self.bootstrap_kubeconfig(), &text)
+        Ok(())
     }
 
     /// The kubeconfig with the nodes' bootstrap token (with `Spec::tls_bootstrap`).
