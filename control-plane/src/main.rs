@@ -7,6 +7,7 @@
 //! `control-plane server --data-dir DIR --listen ADDR --write-kubeconfig PATH [--disable ...]`
 //! `control-plane kubeconfig --data-dir DIR --user NAME [--group G] --out PATH`
 //! `control-plane token create --kubeconfig PATH [--ttl 24h] [--write-kubeconfig OUT [--server URL]]`
+//! `control-plane kubelet-serving-cert --data-dir DIR --node NAME --san ADDR... --out-dir DIR`
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -52,6 +53,11 @@ enum Command {
     /// Bootstrap tokens, with which node agents join (`kubeadm token`).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Write a node agent's serving certificate for its API from the cluster CA (CN
+    /// system:node:NAME, O system:nodes, the SANs given) with its key, and the CA certificate
+    /// it checks client certificates against: OUT_DIR/kubelet.crt, kubelet.key, ca.crt
+    /// (0600), for `node run --tls-cert-file --tls-private-key-file --client-ca-file`.
+    KubeletServingCert(KubeletServingCertArgs),
 }
 
 #[derive(Subcommand)]
@@ -154,6 +160,25 @@ struct KubeconfigArgs {
     /// Where to write the kubeconfig (0600).
     #[arg(long)]
     out: PathBuf,
+}
+
+#[derive(Args)]
+struct KubeletServingCertArgs {
+    /// The control plane's data directory (its `pki/` holds the CA).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The node's name.
+    #[arg(long)]
+    node: String,
+    /// The node's addresses and host names the API server and others dial (repeatable).
+    #[arg(long = "san", required = true)]
+    sans: Vec<control_plane::pki::San>,
+    /// How long the certificate is valid (a Go duration).
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    validity: Duration,
+    /// Where to write kubelet.crt, kubelet.key and ca.crt.
+    #[arg(long)]
+    out_dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -359,6 +384,7 @@ fn main() -> Result<()> {
             let out = write_kubeconfig.map(|path| (path, server));
             rt.block_on(token_create(&kubeconfig, out, ttl, &groups))
         }
+        Command::KubeletServingCert(a) => kubelet_serving_cert(a),
     }
 }
 
@@ -489,6 +515,21 @@ async fn token_create(
             println!("{}", path.display());
         }
     }
+    Ok(())
+}
+
+fn kubelet_serving_cert(a: KubeletServingCertArgs) -> Result<()> {
+    use control_plane::pki::{files::write_private, Ca};
+    let pki = control_plane::apiserver::certs::pki_dir(&a.data_dir);
+    let ca = Ca::load(&pki.join("ca.crt"), &pki.join("ca.key"))
+        .context("the cluster CA (run the control plane once first)")?;
+    let issued =
+        control_plane::apiserver::certs::kubelet_serving(&ca, &a.node, a.sans, a.validity)?;
+    issued.write(&a.out_dir, "kubelet")?;
+    let ca_path = a.out_dir.join("ca.crt");
+    write_private(&ca_path, ca.cert_pem().as_bytes())
+        .with_context(|| format!("writing {}", ca_path.display()))?;
+    println!("{}", a.out_dir.display());
     Ok(())
 }
 

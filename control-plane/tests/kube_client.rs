@@ -551,15 +551,34 @@ async fn finalizers_dry_run_and_delete_collection() {
     f.server.shutdown().await;
 }
 
-/// `pods/<name>/log` is relayed from the node's kubelet API: here a plain HTTP server on
-/// loopback that answers `/containerLogs/...` as the node agent does.
+/// `pods/<name>/log` is relayed from the node's kubelet API: here an HTTPS server on loopback
+/// with a serving certificate from the cluster CA that answers `/containerLogs/...` as the
+/// node agent does, and sees the API server present its kubelet-client certificate.
 async fn pod_logs_are_streamed_from_the_nodes_kubelet_api() {
+    use control_plane::pki::{tls, Ca};
     let f = start_with(|_| {}).await;
+    let pki = control_plane::apiserver::certs::pki_dir(f.server.data_dir());
+    let ca = Ca::load(&pki.join("ca.crt"), &pki.join("ca.key")).unwrap();
+    let serving = control_plane::apiserver::certs::kubelet_serving(
+        &ca,
+        "node-1",
+        vec!["127.0.0.1".parse().unwrap()],
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(
+        tls::server_config(&serving.cert_pem, &serving.key_pem).unwrap(),
+    );
+    let clients = control_plane::pki::ClientVerifier::new(ca.cert_der()).unwrap();
     let kubelet = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = kubelet.local_addr().unwrap().port();
     let served = tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (mut s, _) = kubelet.accept().await.unwrap();
+        let (s, _) = kubelet.accept().await.unwrap();
+        let mut s = acceptor.accept(s).await.unwrap();
+        let caller = clients
+            .verify(s.get_ref().1.peer_certificates().unwrap())
+            .unwrap();
         let mut buf = vec![0u8; 4096];
         let n = s.read(&mut buf).await.unwrap();
         let request = String::from_utf8_lossy(&buf[..n]).to_string();
@@ -569,7 +588,8 @@ async fn pod_logs_are_streamed_from_the_nodes_kubelet_api() {
             body.len()
         );
         s.write_all(resp.as_bytes()).await.unwrap();
-        request
+        let _ = s.shutdown().await;
+        (request, caller.subject.common_name)
     });
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(f.client.clone());
     let node = serde_json::from_value(json!({
@@ -589,11 +609,12 @@ async fn pod_logs_are_streamed_from_the_nodes_kubelet_api() {
     };
     let text = pods.logs("logged", &lp).await.unwrap();
     assert_eq!(text, "line one\nline two\n");
-    let request = served.await.unwrap();
+    let (request, caller) = served.await.unwrap();
     assert!(
         request.starts_with("GET /containerLogs/default/logged/c?tailLines=2 "),
         "{request}"
     );
+    assert_eq!(caller, control_plane::apiserver::certs::KUBELET_CLIENT_USER);
     f.server.shutdown().await;
 }
 

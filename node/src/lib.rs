@@ -1,7 +1,8 @@
 //! node: skiff's node agent (a kubelet) as a library; the binary in main.rs is a thin shell.
 //!
 //! Rooms: `agent` (registration, Lease, the pod watch, routes: the API side), `server` (the
-//! kubelet HTTP API, /healthz, /metrics), `metrics`, `names` and `layout` (every name and path derived from the node name and data
+//! kubelet API over HTTPS, /healthz, /metrics), `api_auth` (who may call it: client
+//! certificates or TokenReview, then SubjectAccessReview), `metrics`, `names` and `layout` (every name and path derived from the node name and data
 //! dir), `containerd` (the supervised runtime and its generated config), `cri` (the CRI gRPC
 //! client), `cni` (pod network configuration), `netlink` (routes, links and addresses through
 //! rtnetlink), `cgroups` (cleanup of cgroup parents), `pod`
@@ -9,6 +10,7 @@
 //! to a PodStatus).
 
 pub mod agent;
+pub mod api_auth;
 pub mod bootstrap;
 pub mod cgroups;
 pub mod cni;

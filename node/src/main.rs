@@ -16,6 +16,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start; the size of the arguments does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Register the node and run its pods until SIGTERM (pods keep running after it).
@@ -45,9 +47,20 @@ enum Command {
         /// flag: memory.available, nodefs.available, nodefs.inodesFree, pid.available.
         #[arg(long, default_value = node::agent::pressure::KUBELET_DEFAULTS)]
         eviction_hard: node::agent::pressure::Thresholds,
-        /// The kubelet API, /healthz and /metrics.
+        /// The kubelet API, /healthz and /metrics (HTTPS, every request authenticated and
+        /// authorized).
         #[arg(long, default_value = "0.0.0.0:10250")]
         listen: SocketAddr,
+        /// The API's serving certificate (PEM), from the cluster CA: CN system:node:NAME,
+        /// SANs the node's addresses (`control-plane kubelet-serving-cert` writes one).
+        #[arg(long)]
+        tls_cert_file: PathBuf,
+        /// Its private key (PEM).
+        #[arg(long)]
+        tls_private_key_file: PathBuf,
+        /// The CA whose client certificates authenticate callers (the cluster CA).
+        #[arg(long)]
+        client_ca_file: PathBuf,
         /// The sandbox (pause) image.
         #[arg(long, default_value = "127.0.0.1:5000/skiff/pause:latest")]
         pause_image: String,
@@ -86,9 +99,14 @@ async fn main() -> Result<()> {
             node_ip,
             eviction_hard,
             listen,
+            tls_cert_file,
+            tls_private_key_file,
+            client_ca_file,
             pause_image,
             insecure_registry,
         } => {
+            let api_tls =
+                node::server::ApiTls::read(&tls_cert_file, &tls_private_key_file, &client_ca_file)?;
             let name = match name {
                 Some(n) => n,
                 None => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -116,7 +134,7 @@ async fn main() -> Result<()> {
                 insecure_registries: insecure_registry,
                 stream_address: node_ip.map_or(Ipv4Addr::LOCALHOST, |ip| ip).into(),
             };
-            let mut config = AgentConfig::new(NodeName::new(name), data_dir, runtime);
+            let mut config = AgentConfig::new(NodeName::new(name), data_dir, runtime, api_tls);
             config.cri_socket = cri_socket;
             config.node_ip = node_ip;
             config.eviction_hard = eviction_hard;

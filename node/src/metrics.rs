@@ -2,6 +2,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -21,6 +22,8 @@ pub struct Metrics {
     /// Seconds from a pod's first sight to the first status with phase Running.
     pub pod_start_seconds: Histogram,
     pub runtime_gc_removed: Counter,
+    /// Requests to the node agent's API by outcome (allowed, unauthorized, forbidden, error).
+    api_requests: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Default for Metrics {
@@ -36,6 +39,7 @@ impl Default for Metrics {
             events_dropped: Counter::default(),
             pod_start_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
             runtime_gc_removed: Counter::default(),
+            api_requests: Family::default(),
         };
         registry.register("pods", "Pods with a worker on this node", m.pods.clone());
         registry.register(
@@ -65,12 +69,24 @@ impl Default for Metrics {
             "Sandboxes no pod wanted, removed",
             m.runtime_gc_removed.clone(),
         );
+        registry.register(
+            "api_requests",
+            "Requests to the node agent's API by authentication and authorization outcome",
+            m.api_requests.clone(),
+        );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m
     }
 }
 
 impl Metrics {
+    /// Counts a request to the node agent's API with its outcome.
+    pub fn api_request(&self, outcome: &str) {
+        self.api_requests
+            .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
+            .inc();
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -1,5 +1,9 @@
-//! The agent's HTTP endpoint: /healthz, /metrics (Prometheus), and the kubelet API the API
-//! server proxies to for `kubectl logs` and `kubectl exec`:
+//! The agent's API, HTTPS only (the kubelet's port, 10250): /healthz, /metrics (Prometheus),
+//! and the kubelet API the API server proxies to for `kubectl logs` and `kubectl exec`.
+//! Its serving certificate comes from the cluster CA (`--tls-cert-file`,
+//! `--tls-private-key-file`); client certificates are checked against `--client-ca-file`;
+//! every request is authenticated and authorized first (`api_auth`), /healthz included, as
+//! on the kubelet's port:
 //!
 //! - `GET /containerLogs/{namespace}/{pod}/{container}?follow=&previous=&tailLines=&timestamps=`
 //!   streams the container's log (text/plain), from the CRI log files under the data dir.
@@ -17,6 +21,7 @@
 //!   pod networks (the role Kubernetes gives Konnectivity).
 
 use crate::agent::pods::PodIndex;
+use crate::api_auth::{self, Gate, Peer, User};
 use crate::cri::Cri;
 use crate::layout::Layout;
 use crate::metrics::Metrics;
@@ -26,9 +31,129 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use std::path::PathBuf;
+use control_plane::pki::{ClientVerifier, PkiError};
+use std::net::SocketAddr;
+use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The TLS material of the node agent's API: its serving certificate and key, and the CA
+/// that client certificates must come from (PEM).
+#[derive(Clone)]
+pub struct ApiTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub client_ca_pem: String,
+}
+
+impl std::fmt::Debug for ApiTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiTls").finish_non_exhaustive()
+    }
+}
+
+impl ApiTls {
+    /// Reads the three files (`--tls-cert-file`, `--tls-private-key-file`,
+    /// `--client-ca-file`).
+    pub fn read(cert: &FsPath, key: &FsPath, client_ca: &FsPath) -> Result<ApiTls, PkiError> {
+        use control_plane::pki::files::read_text;
+        Ok(ApiTls {
+            cert_pem: read_text(cert)?,
+            key_pem: read_text(key)?,
+            client_ca_pem: read_text(client_ca)?,
+        })
+    }
+
+    /// The server's TLS configuration and the client-certificate check.
+    pub fn server(&self) -> Result<(Arc<rustls::ServerConfig>, ClientVerifier), PkiError> {
+        let config = control_plane::pki::tls::server_config(&self.cert_pem, &self.key_pem)?;
+        let ca = control_plane::pki::tls::certs_from_pem(&self.client_ca_pem)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| PkiError::Invalid("the client CA file has no certificate".into()))?;
+        Ok((config, ClientVerifier::new(&ca)?))
+    }
+}
+
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for open connections (log streams, tunnels) to finish.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Serves `app` over TLS on `listener` until `shutdown`, then drains. Each connection's
+/// client certificate is verified once, after the handshake, and its identity (or why it was
+/// rejected) goes with each of its requests to [`api_auth::guard`].
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    tls: Arc<rustls::ServerConfig>,
+    clients: ClientVerifier,
+    shutdown: CancellationToken,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, addr): (_, SocketAddr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let (acceptor, clients, app, watcher) = (
+            acceptor.clone(),
+            clients.clone(),
+            app.clone(),
+            graceful.watcher(),
+        );
+        // The handshake runs on the connection's own task: a slow client never holds up the
+        // accept loop.
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(%addr, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%addr, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let peer = Arc::new(match tls.get_ref().1.peer_certificates() {
+                Some(chain) if !chain.is_empty() => match clients.verify(chain) {
+                    Ok(c) => Peer::Certificate(User::of_certificate(&c.subject)),
+                    Err(why) => Peer::Rejected(why),
+                },
+                _ => Peer::Anonymous,
+            });
+            let service = hyper::service::service_fn(
+                move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(peer.clone());
+                    tower::ServiceExt::oneshot(app.clone(), req)
+                },
+            );
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
+                tracing::debug!(%addr, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("API connections still open after {DRAIN:?}; closing them");
+    }
+}
 
 #[derive(Clone)]
 pub struct ApiState {
@@ -38,7 +163,8 @@ pub struct ApiState {
     pub cri: Cri,
 }
 
-pub fn router(state: ApiState) -> Router {
+/// Every route, behind authentication and authorization (`gate`), unknown paths included.
+pub fn router(state: ApiState, gate: Gate) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
@@ -54,6 +180,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/podTunnel/{namespace}/{pod}/{port}", get(pod_tunnel))
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(gate, api_auth::guard))
 }
 
 async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {

@@ -119,19 +119,27 @@ async fn pods_run_report_and_survive_an_agent_restart() {
         );
     }
 
-    // The kubelet API: logs, exec, metrics.
-    let base = format!("{}", c.agent().addr());
-    let logs = http_get(&base, "/containerLogs/default/web/echo?tailLines=5")
-        .await
-        .unwrap();
-    assert!(logs.contains("echo: serving on :8080"), "{logs}");
-    let metrics = http_get(&base, "/metrics").await.unwrap();
-    assert!(metrics.contains("skiff_node_pods"), "{metrics}");
-    let exec = raw_get(
-        &base,
-        "/exec/default/web/echo?command=%2Fecho&command=env&stdout=true",
-    )
-    .await;
+    // The kubelet API over HTTPS: logs, exec, metrics.
+    let ok = |r: &str| r.starts_with("HTTP/1.1 200");
+    let logs = c
+        .kubelet_get("/containerLogs/default/web/echo?tailLines=5")
+        .await;
+    assert!(
+        ok(&logs) && logs.contains("echo: serving on :8080"),
+        "{logs}"
+    );
+    let metrics = c.kubelet_get("/metrics").await;
+    assert!(
+        ok(&metrics) && metrics.contains("skiff_node_pods"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("skiff_node_api_requests_total{outcome=\"allowed\"}"),
+        "{metrics}"
+    );
+    let exec = c
+        .kubelet_get("/exec/default/web/echo?command=%2Fecho&command=env&stdout=true")
+        .await;
     assert!(exec.starts_with("HTTP/1.1 302"), "{exec}");
     assert!(
         exec.to_lowercase().contains("location: http://127.0.0.1:"),
@@ -257,17 +265,6 @@ async fn pods_run_report_and_survive_an_agent_restart() {
 }
 
 /// The raw response head and body, without following redirects.
-async fn raw_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn pressure_conditions_follow_the_eviction_thresholds() {
     // Thresholds this machine cannot meet (more memory and pids free than exist) raise

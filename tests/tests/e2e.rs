@@ -5,7 +5,8 @@
 //!
 //! `kubectl create deployment echo --replicas=3` and `kubectl expose`; a pod on the second
 //! node reaches the ClusterIP and every pod answers; kubectl exec, logs, port-forward and
-//! run -i (attach); a
+//! run -i (attach); the node agent's HTTPS API called directly (401 without credentials,
+//! 403 without nodes/proxy, a service account token with it reads logs); a
 //! deleted pod is replaced and the service follows; scaling to 5 and back; a rolling update
 //! with readiness gating and a preStop hook under a looping client that sees no failed
 //! request; the events in order; `kubectl drain` moves every pod to the other node.
@@ -16,6 +17,7 @@
 
 use skiff_tests::cluster::{Cluster, Spec};
 use skiff_tests::e2e::{self, binaries, ips, names, pod_of, pods, LoopingClient, PodView};
+use skiff_tests::kubeconfig::KubeconfigAccess;
 use skiff_tests::kubectl::Kubectl;
 use skiff_tests::netns::unique_name;
 use skiff_tests::registry::{require_images, ECHO_IMAGE};
@@ -158,6 +160,100 @@ fn mark(table: &mut Vec<(String, f64)>, what: &str, t: Duration) {
     table.push((what.to_string(), t.as_secs_f64()));
 }
 
+/// The node agent's API (HTTPS on the node's address, port 10250), called directly: no
+/// credentials is 401; a certificate of the cluster CA for a user without nodes/proxy is 403
+/// with the kubelet's message; a service account token granted nodes/proxy reads the pod's
+/// log but not /metrics (nodes/metrics); the API server's own path (nodes/proxy) works.
+fn node_api_is_secured(c: &Cluster, k: &Kubectl, pod: &str, node: &str) {
+    let ip = c
+        .state()
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .map(|n| n.ip)
+        .expect("the pod's node");
+    let admin = KubeconfigAccess::read(&c.kubeconfig()).unwrap();
+    let as_ = |client: Option<(String, String)>, token: Option<String>| KubeconfigAccess {
+        server: format!("https://{ip}:10250"),
+        ca_pem: admin.ca_pem.clone(),
+        client,
+        token,
+    };
+    let get = |who: &KubeconfigAccess, path: &str| {
+        who.get(path, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("GET {path} on {node}: {e}"))
+    };
+    let container = k.ok(&[
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.spec.containers[0].name}",
+    ]);
+    let logs = format!("/containerLogs/default/{pod}/{container}?tailLines=20");
+    let exec = format!("/exec/default/{pod}/{container}?command=%2Fecho&command=env&stdout=true");
+
+    let anonymous = as_(None, None);
+    for path in ["/healthz", logs.as_str(), exec.as_str(), "/no-such-path"] {
+        let (code, body) = get(&anonymous, path);
+        assert_eq!((code, body.trim()), (401, "Unauthorized"), "{path}");
+    }
+
+    let nobody = KubeconfigAccess::read(&c.user_kubeconfig("e2e-nobody", None).unwrap()).unwrap();
+    let nobody = as_(nobody.client, None);
+    let (code, body) = get(&nobody, &exec);
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(
+        body.trim(),
+        "Forbidden (user=e2e-nobody, verb=get, resource=nodes, subresource=proxy)"
+    );
+    assert_eq!(get(&nobody, &logs).0, 403);
+
+    k.ok(&["create", "serviceaccount", "kubelet-reader"]);
+    k.ok(&[
+        "create",
+        "clusterrole",
+        "kubelet-reader",
+        "--verb=get",
+        "--resource=nodes/proxy",
+    ]);
+    k.ok(&[
+        "create",
+        "clusterrolebinding",
+        "kubelet-reader",
+        "--clusterrole=kubelet-reader",
+        "--serviceaccount=default:kubelet-reader",
+    ]);
+    // The grant is in the API server's view before the node agent asks (a denial would be
+    // cached for 30 s).
+    wait_until("the grant is visible", T, || {
+        let r = k.run(&[
+            "auth",
+            "can-i",
+            "get",
+            "nodes",
+            "--subresource=proxy",
+            "--as=system:serviceaccount:default:kubelet-reader",
+        ]);
+        (r.stdout.trim() == "yes").then_some(()).ok_or(r)
+    });
+    let token = k.ok(&["create", "token", "kubelet-reader"]);
+    let reader = as_(None, Some(token.trim().to_string()));
+    let (code, body) = get(&reader, &logs);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("serving on :8080"), "{body}");
+    assert_eq!(get(&reader, "/healthz"), (200, "ok".to_string()));
+    let (code, body) = get(&reader, "/metrics");
+    assert_eq!(code, 403, "nodes/metrics is not granted: {body}");
+
+    let raw = k.ok(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{node}/proxy/healthz"),
+    ]);
+    assert_eq!(raw.trim(), "ok");
+}
+
 #[test]
 fn a_deployment_behind_a_service_on_two_nodes() {
     require_images();
@@ -298,6 +394,13 @@ fn a_deployment_behind_a_service_on_two_nodes() {
         "kubectl run -i: {r:?}"
     );
     k.ok(&["delete", "pod", "reader", "--wait=false"]);
+    let t = Instant::now();
+    node_api_is_secured(&c, &k, &on_node2.name, &on_node2.node);
+    mark(
+        &mut table,
+        "node agent API: 401, 403, a token with nodes/proxy",
+        t.elapsed(),
+    );
 
     // 3. A deleted pod is replaced; the service follows the replacement.
     let t = Instant::now();

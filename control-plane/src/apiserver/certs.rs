@@ -10,6 +10,10 @@
 //!   agents (`kube-apiserver-kubelet-client`).
 //! - `sa.key`: the service account token signing key (`auth::serviceaccount`).
 //!
+//! Node agents' serving certificates (`system:node:<name>` in `system:nodes`, SANs = the
+//! node's addresses and host name) come from the same CA through [`kubelet_serving`]
+//! (`control-plane kubelet-serving-cert`), or through a CertificateSigningRequest.
+//!
 //! Kubeconfigs (client certificates, one year): the admin's (`system:masters`) where
 //! `--write-kubeconfig` says, and `controller-manager.kubeconfig`
 //! (`system:kube-controller-manager`) and `scheduler.kubeconfig` (`system:kube-scheduler`)
@@ -19,8 +23,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::authz::node::{NODES_GROUP, NODE_USER_PREFIX};
 use super::kubeconfig::{self, Credentials};
-use crate::pki::{Ca, CertSpec, Issued, PkiError, San};
+use crate::pki::{Ca, CertSpec, Issued, PkiError, San, Subject, Usage};
 
 /// How long the serving and client certificates made here are valid.
 pub const LEAF_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -78,6 +83,29 @@ pub fn serving_sans(
     sans
 }
 
+/// A node agent's serving certificate for its API (the kubelet's port), as the
+/// `kubernetes.io/kubelet-serving` signer issues it: CN `system:node:<node>`, O
+/// `system:nodes`, the server usage, `sans` (the node's addresses and host name). Callers
+/// verify it against the cluster CA for the address they dial (the Node's InternalIP).
+pub fn kubelet_serving(
+    ca: &Ca,
+    node: &str,
+    sans: Vec<San>,
+    validity: Duration,
+) -> Result<Issued, PkiError> {
+    if node.is_empty() || sans.is_empty() {
+        return Err(PkiError::Invalid(
+            "a node serving certificate needs the node's name and at least one address".into(),
+        ));
+    }
+    ca.issue(&CertSpec {
+        subject: Subject::new(format!("{NODE_USER_PREFIX}{node}"), Some(NODES_GROUP)),
+        sans,
+        usages: vec![Usage::Server],
+        validity,
+    })
+}
+
 impl ServerCerts {
     /// Loads (or creates) the CA and makes the serving and kubelet-client certificates.
     pub fn prepare(data_dir: &Path, sans: Vec<San>) -> Result<ServerCerts, PkiError> {
@@ -120,6 +148,29 @@ impl ServerCerts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kubelet_serving_certificates_name_the_node() {
+        let d = tempfile::tempdir().unwrap();
+        let ca = Ca::load_or_create(d.path()).unwrap();
+        let issued = kubelet_serving(
+            &ca,
+            "n1",
+            vec!["10.0.0.5".parse().unwrap(), "n1".parse().unwrap()],
+            LEAF_VALIDITY,
+        )
+        .unwrap();
+        let der = crate::pki::tls::certs_from_pem(&issued.cert_pem).unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+        let subject = crate::pki::ca::subject_of(cert.subject()).unwrap();
+        assert_eq!(
+            subject,
+            Subject::new("system:node:n1", Some("system:nodes"))
+        );
+        let sans = cert.subject_alternative_name().unwrap().unwrap().value;
+        assert_eq!(sans.general_names.len(), 2);
+        assert!(kubelet_serving(&ca, "n1", vec![], LEAF_VALIDITY).is_err());
+    }
 
     #[test]
     fn serving_sans_cover_loopback_the_service_and_the_flags() {

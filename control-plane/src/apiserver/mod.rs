@@ -291,6 +291,10 @@ impl Server {
             cache_liveness_grace: config.cache_liveness_grace,
             authenticator,
             audit: audit.clone(),
+            kubelet_tls: crate::pki::tls::client_config(
+                pki.ca.cert_pem(),
+                Some((&pki.kubelet_client.cert_pem, &pki.kubelet_client.key_pem)),
+            )?,
         });
         ensure_namespaces(shared.as_ref()).await?;
         let scheme = match config.transport {

@@ -45,8 +45,10 @@ pub struct AgentConfig {
     pub cri_socket: Option<PathBuf>,
     /// The node's InternalIP (default: the first global IPv4 address here, else 127.0.0.1).
     pub node_ip: Option<Ipv4Addr>,
-    /// The kubelet API, /healthz and /metrics.
+    /// The kubelet API, /healthz and /metrics (HTTPS).
     pub listen: SocketAddr,
+    /// The API's serving certificate and the CA of its clients' certificates.
+    pub api_tls: crate::server::ApiTls,
     pub runtime: RuntimeSettings,
     pub timing: Timing,
     pub lease_interval: Duration,
@@ -64,6 +66,7 @@ impl AgentConfig {
         name: NodeName,
         data_dir: impl Into<PathBuf>,
         runtime: RuntimeSettings,
+        api_tls: crate::server::ApiTls,
     ) -> AgentConfig {
         AgentConfig {
             name,
@@ -71,6 +74,7 @@ impl AgentConfig {
             cri_socket: None,
             node_ip: None,
             listen: SocketAddr::from(([0, 0, 0, 0], 10250)),
+            api_tls,
             runtime,
             timing: Timing::default(),
             lease_interval: Duration::from_secs(10),
@@ -90,6 +94,8 @@ pub enum AgentError {
     Cri(#[from] crate::cri::CriError),
     #[error("registering the node: {0}")]
     Register(#[source] kube::Error),
+    #[error("the API's TLS configuration: {0}")]
+    Tls(#[from] control_plane::pki::PkiError),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -143,6 +149,8 @@ impl RunningAgent {
             }
         };
         let version = cri.version().await?;
+        // Bad TLS material fails the start, before anything is registered.
+        let (tls, clients) = config.api_tls.server()?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| AgentError::Listen {
@@ -208,18 +216,24 @@ impl RunningAgent {
         let shutdown = CancellationToken::new();
         let (facts_tx, facts_rx) = watch::channel(facts);
 
-        let app = crate::server::router(crate::server::ApiState {
-            metrics: metrics.clone(),
-            pods: index,
-            layout: layout.clone(),
-            cri: cri.clone(),
-        });
-        let stop = shutdown.clone();
-        let mut tasks = vec![tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-        })];
+        let gate =
+            crate::api_auth::Gate::new(config.name.to_string(), client.clone(), metrics.clone());
+        let app = crate::server::router(
+            crate::server::ApiState {
+                metrics: metrics.clone(),
+                pods: index,
+                layout: layout.clone(),
+                cri: cri.clone(),
+            },
+            gate,
+        );
+        let mut tasks = vec![tokio::spawn(crate::server::serve(
+            listener,
+            app,
+            tls,
+            clients,
+            shutdown.clone(),
+        ))];
         tasks.push(tokio::spawn(lease_loop(
             client.clone(),
             node.clone(),

@@ -51,7 +51,8 @@ impl Cluster {
             .await
             .unwrap();
         let name = NodeName::new(format!("a{}-{tag}", std::process::id()));
-        let mut config = AgentConfig::new(name, dir.path().join("node"), settings());
+        let api_tls = serving_tls(&dir.path().join("api"), name.as_str());
+        let mut config = AgentConfig::new(name, dir.path().join("node"), settings(), api_tls);
         config.listen = "127.0.0.1:0".parse().unwrap();
         config.node_ip = Some(std::net::Ipv4Addr::LOCALHOST);
         config.timing = test_timing();
@@ -105,6 +106,43 @@ impl Cluster {
         self.agent.as_ref().unwrap()
     }
 
+    /// GET `path` on the node agent's API over HTTPS as the cluster's admin (a client
+    /// certificate of the cluster CA); the whole answer, head and body.
+    pub async fn kubelet_get(&self, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let pki = control_plane::apiserver::certs::pki_dir(&self.dir.path().join("api"));
+        let ca = control_plane::pki::Ca::load(&pki.join("ca.crt"), &pki.join("ca.key")).unwrap();
+        let admin = ca
+            .issue(&control_plane::pki::CertSpec::client(
+                "kubernetes-admin",
+                Some("system:masters"),
+                Duration::from_secs(600),
+            ))
+            .unwrap();
+        let tls = control_plane::pki::tls::client_config(
+            ca.cert_pem(),
+            Some((&admin.cert_pem, &admin.key_pem)),
+        )
+        .unwrap();
+        let stream = tokio::net::TcpStream::connect(self.agent().addr())
+            .await
+            .unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut s = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, stream)
+            .await
+            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = Vec::new();
+        // A TLS peer may close without close_notify after the answer: keep what came.
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
     /// Gives the node its pod CIDR, as node IPAM would.
     pub async fn assign_pod_cidr(&self) {
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -149,6 +187,25 @@ impl Cluster {
             }
         })
         .await
+    }
+}
+
+/// The node agent's serving certificate (127.0.0.1 and the node's name) from the cluster CA
+/// of the API server in `api_dir`, and that CA for client certificates.
+fn serving_tls(api_dir: &std::path::Path, node: &str) -> node::server::ApiTls {
+    let pki = control_plane::apiserver::certs::pki_dir(api_dir);
+    let ca = control_plane::pki::Ca::load(&pki.join("ca.crt"), &pki.join("ca.key")).unwrap();
+    let issued = control_plane::apiserver::certs::kubelet_serving(
+        &ca,
+        node,
+        vec!["127.0.0.1".parse().unwrap(), node.parse().unwrap()],
+        Duration::from_secs(24 * 3600),
+    )
+    .unwrap();
+    node::server::ApiTls {
+        cert_pem: issued.cert_pem,
+        key_pem: issued.key_pem,
+        client_ca_pem: ca.cert_pem().to_string(),
     }
 }
 

@@ -456,6 +456,7 @@ impl Cluster {
         std::fs::create_dir_all(node.host_cgroup())
             .map_err(io_err(node.host_cgroup().display()))?;
         std::fs::create_dir_all(&node.data_dir).map_err(io_err(node.data_dir.display()))?;
+        let pki = self.issue_kubelet_serving_cert(&node)?;
         let mut cmd = Command::new(&spec.binaries.node);
         cmd.arg("run");
         if spec.tls_bootstrap {
@@ -467,7 +468,13 @@ impl Cluster {
         } else {
             cmd.arg("--kubeconfig").arg(self.node_kubeconfig());
         }
-        cmd.args(["--name", name, "--node-ip", &node.ip.to_string()])
+        cmd.arg("--tls-cert-file")
+            .arg(pki.join("kubelet.crt"))
+            .arg("--tls-private-key-file")
+            .arg(pki.join("kubelet.key"))
+            .arg("--client-ca-file")
+            .arg(pki.join("ca.crt"))
+            .args(["--name", name, "--node-ip", &node.ip.to_string()])
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args([
@@ -491,6 +498,24 @@ impl Cluster {
         )?;
         self.state.nodes[i].agent = Some(pid);
         Ok(())
+    }
+
+    /// The node agent's serving certificate for its API from the cluster CA (its address
+    /// and name as SANs) and the CA it checks callers' certificates against, written by
+    /// `control-plane kubelet-serving-cert` into `<node data dir>/pki`; that directory.
+    fn issue_kubelet_serving_cert(&self, node: &NodeState) -> Result<PathBuf, Error> {
+        let dir = node.data_dir.join("pki");
+        command_output(
+            Command::new(&self.state.binaries.control_plane)
+                .arg("kubelet-serving-cert")
+                .arg("--data-dir")
+                .arg(self.state_dir.join("control-plane"))
+                .args(["--node", &node.name])
+                .args(["--san", &node.ip.to_string(), "--san", &node.name])
+                .arg("--out-dir")
+                .arg(&dir),
+        )?;
+        Ok(dir)
     }
 
     fn wait_nodes_ready(&self) -> Result<(), Error> {
@@ -643,6 +668,24 @@ impl Cluster {
 
     fn node_kubeconfig(&self) -> PathBuf {
         self.state_dir.join("node-kubeconfig")
+    }
+
+    /// A kubeconfig for `user` (in `group`) with a new client certificate from the cluster
+    /// CA (`control-plane kubeconfig`), at `<state dir>/<user>.kubeconfig`.
+    pub fn user_kubeconfig(&self, user: &str, group: Option<&str>) -> Result<PathBuf, Error> {
+        let out = self.state_dir.join(format!("{user}.kubeconfig"));
+        let mut cmd = Command::new(&self.state.binaries.control_plane);
+        cmd.arg("kubeconfig")
+            .arg("--data-dir")
+            .arg(self.state_dir.join("control-plane"))
+            .args(["--user", user])
+            .arg("--out")
+            .arg(&out);
+        if let Some(g) = group {
+            cmd.args(["--group", g]);
+        }
+        command_output(&mut cmd)?;
+        Ok(out)
     }
 
     /// The real kubectl on the admin kubeconfig (its own HOME and discovery cache).

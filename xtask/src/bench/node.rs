@@ -211,6 +211,14 @@ pub fn run_bench(opts: Opts) -> Result<()> {
         .local_addr()?
         .port();
     let log = std::fs::File::create(scratch.join("node.log"))?;
+    // The agent's API serves HTTPS with a certificate from the cluster CA.
+    let pki = scratch.join("node-pki");
+    run(Command::new(bin.join("control-plane"))
+        .arg("kubelet-serving-cert")
+        .arg("--data-dir")
+        .arg(scratch.join("api"))
+        .args(["--node", NODE, "--san", "127.0.0.1", "--out-dir"])
+        .arg(&pki))?;
     let child = Command::new(bin.join("node"))
         .args([
             "run",
@@ -223,6 +231,12 @@ pub fn run_bench(opts: Opts) -> Result<()> {
         ])
         .arg("--kubeconfig")
         .arg(server.kubeconfig())
+        .arg("--tls-cert-file")
+        .arg(pki.join("kubelet.crt"))
+        .arg("--tls-private-key-file")
+        .arg(pki.join("kubelet.key"))
+        .arg("--client-ca-file")
+        .arg(pki.join("ca.crt"))
         .arg("--data-dir")
         .arg(scratch.join("node"))
         .env("RUST_LOG", "warn")

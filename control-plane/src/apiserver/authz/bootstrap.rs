@@ -939,6 +939,17 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
             "system:node-proxier",
             vec![subject("User", "system:kube-proxy")],
         ),
+        // The API server's calls to node agents (logs, exec, attach, port-forward, proxy),
+        // which the node agents authorize with a SubjectAccessReview (kubeadm binds its
+        // apiserver-kubelet-client the same way).
+        binding(
+            "kube-apiserver-kubelet-client",
+            "system:kubelet-api-admin",
+            vec![subject(
+                "User",
+                crate::apiserver::certs::KUBELET_CLIENT_USER,
+            )],
+        ),
     ];
     // kubeadm's node bootstrap bindings: a node agent joining with a bootstrap token of the
     // default node group may ask for a node client certificate (approved automatically), and

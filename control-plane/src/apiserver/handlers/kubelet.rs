@@ -1,5 +1,6 @@
 //! The pod subresources a node agent serves through its kubelet API, at
-//! `http://<node InternalIP>:<daemonEndpoints.kubeletEndpoint.Port, default 10250>`:
+//! `https://<node InternalIP>:<daemonEndpoints.kubeletEndpoint.Port, default 10250>`, as
+//! `kube-apiserver-kubelet-client` (see `proxy::dial`):
 //!
 //! - `pods/<name>/log` -> `GET /containerLogs/<ns>/<pod>/<container>?follow=&previous=&tailLines=..`,
 //!   streamed back.
@@ -36,7 +37,7 @@ const LOG_OPTIONS: &[&str] = &[
 struct Target {
     pod: Value,
     container: String,
-    /// `http://<host>:<port>`
+    /// `https://<host>:<port>`
     kubelet: String,
 }
 
@@ -77,7 +78,7 @@ async fn locate(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<Target, ApiErr
     })
 }
 
-/// The pod and its node agent's kubelet API (`http://<host>:<port>`).
+/// The pod and its node agent's kubelet API (`https://<host>:<port>`).
 async fn locate_pod(ctx: &Ctx, call: &Call<'_>, name: &str) -> Result<(Value, String), ApiError> {
     let pod = ctx
         .cached(call.resource, &call.key(name))
@@ -110,7 +111,7 @@ pub(super) async fn kubelet_of_pod(ctx: &Ctx, pod: &Value, name: &str) -> Result
         .ok_or_else(|| ApiError::bad_request(format!("node {node} reports no address")))
 }
 
-/// `http://<address>:<port>` of a Node's kubelet API: its InternalIP (else ExternalIP, else
+/// `https://<address>:<port>` of a Node's kubelet API: its InternalIP (else ExternalIP, else
 /// Hostname) and the port it publishes in status.daemonEndpoints.
 pub(super) fn kubelet_of(node: &Value) -> Option<String> {
     let addresses = node
@@ -134,7 +135,7 @@ pub(super) fn kubelet_of(node: &Value) -> Option<String> {
     } else {
         address.to_string()
     };
-    Some(format!("http://{host}:{port}"))
+    Some(format!("https://{host}:{port}"))
 }
 
 /// `GET pods/<name>/log`: the container's log, streamed from its node's agent.
@@ -149,7 +150,7 @@ pub async fn logs(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, A
         target.url(call, "containerLogs", name),
         query.join("&")
     );
-    super::proxy::stream_get(&url).await
+    super::proxy::stream_get(&ctx.kubelet_tls, &url).await
 }
 
 /// `pods/<name>/exec` (GET for WebSocket, POST for SPDY): the command runs in the container
@@ -273,6 +274,7 @@ async fn relay(
     .options(connect_options(call, sub.unwrap_or_default()));
     ctx.admission.admit_without_object(&req).await?;
     super::proxy::upgrade(
+        &ctx.kubelet_tls,
         call.method,
         url,
         call.headers,
@@ -330,9 +332,9 @@ mod tests {
         let node = json!({"status": {"addresses": [
             {"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.5"}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10255}}}});
-        assert_eq!(kubelet_of(&node).unwrap(), "http://10.0.0.5:10255");
+        assert_eq!(kubelet_of(&node).unwrap(), "https://10.0.0.5:10255");
         let v6 = json!({"status": {"addresses": [{"type": "InternalIP", "address": "fd00::5"}]}});
-        assert_eq!(kubelet_of(&v6).unwrap(), "http://[fd00::5]:10250");
+        assert_eq!(kubelet_of(&v6).unwrap(), "https://[fd00::5]:10250");
         assert_eq!(kubelet_of(&json!({"status": {}})), None);
     }
 }

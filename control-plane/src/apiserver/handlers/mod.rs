@@ -58,6 +58,9 @@ pub struct Ctx {
     pub authenticator: super::auth::Authenticator,
     /// The audit log's queue (disabled without `--audit-log-path`).
     pub audit: super::audit::Sink,
+    /// How the API server calls node agents: their serving certificates checked against the
+    /// cluster CA, its own `kube-apiserver-kubelet-client` certificate presented.
+    pub kubelet_tls: Arc<rustls::ClientConfig>,
 }
 
 impl Ctx {

@@ -1,17 +1,23 @@
-//! Relaying a node agent's kubelet API to the client. The kubelet API is plain HTTP inside the
-//! cluster's own network.
+//! Relaying a node agent's kubelet API to the client. The kubelet API is HTTPS: the API
+//! server verifies the node agent's serving certificate against the cluster CA and presents
+//! its own kubelet-client certificate (`kube-apiserver-kubelet-client`), which the node agent
+//! authorizes with a SubjectAccessReview ([`dial`], with `Ctx::kubelet_tls`).
 //!
 //! - [`stream_get`]: an answer streamed back frame by frame (pods/log).
 //! - [`upgrade`]: an HTTP upgrade (pods/exec): the client's handshake goes to the kubelet,
 //!   which answers with a redirect to the runtime's streaming server (containerd's CRI
 //!   streaming URL for the session); the handshake follows it there, and once that server
 //!   switches protocols the two connections are spliced byte for byte, both directions.
+//!   The streaming server (containerd's, on the node's address) speaks plain HTTP: its
+//!   session URL is the credential, single use and short-lived, as the CRI defines it.
 //!   Neither protocol is interpreted here: SPDY/3.1 and the WebSocket channel protocols pass
 //!   through unchanged. A handshake the far end refuses goes back to the client as a Status
 //!   with that answer's code and text: kubectl 1.33 tries WebSocket `v5.channel.k8s.io`
 //!   first, which containerd 1.6 refuses (403), and then falls back to SPDY.
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -19,8 +25,8 @@ use http::{header, HeaderMap, HeaderName, Method, Request, Response, StatusCode,
 use http_body_util::{BodyExt, Empty, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::upgrade::OnUpgrade;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -28,15 +34,28 @@ use tokio_util::sync::CancellationToken;
 use crate::apiserver::output::{self, Resp};
 use crate::machinery::{ApiError, Reason};
 
-/// GETs `url` and relays status, content type and body as they come.
-pub async fn stream_get(url: &str) -> Result<Resp, ApiError> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let req = Request::get(url)
-        .body(Empty::new())
-        .map_err(|e| ApiError::internal(format!("kubelet request: {e}")))?;
-    let resp = client.request(req).await.map_err(|e| {
+/// GETs `url` on a node agent and relays status, content type and body as they come.
+pub async fn stream_get(tls: &Arc<rustls::ClientConfig>, url: &str) -> Result<Resp, ApiError> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| ApiError::internal(format!("kubelet URL {url}: {e}")))?;
+    let (io, authority) = dial(&uri, tls).await?;
+    let unreachable = |e: hyper::Error| {
         ApiError::unavailable(format!("the node agent did not answer ({url}): {e}"))
-    })?;
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(unreachable)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "kubelet connection ended with an error");
+        }
+    });
+    let req = Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(header::HOST, authority)
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| ApiError::internal(format!("kubelet request: {e}")))?;
+    let resp = sender.send_request(req).await.map_err(unreachable)?;
     let status = resp.status();
     if !status.is_success() {
         return Err(kubelet_error(status, &read_limited(resp).await));
@@ -47,6 +66,55 @@ pub async fn stream_get(url: &str) -> Result<Resp, ApiError> {
         out.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
     Ok(out)
+}
+
+/// A byte stream to a node agent, or to the streaming server it redirects to.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// How long connecting (and the TLS handshake) to a node agent may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connects to `uri`'s host and port: `https` over TLS with `tls` (the node agent's serving
+/// certificate checked against the cluster CA for the host the Node reports; the API
+/// server's kubelet-client certificate presented), `http` over plain TCP (the runtime's
+/// streaming server). Returns the stream and the authority, for the Host header.
+pub async fn dial(
+    uri: &Uri,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<(Box<dyn Io>, String), ApiError> {
+    let unreachable =
+        |e: &dyn std::fmt::Display| ApiError::unavailable(format!("connecting to {uri}: {e}"));
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => return Err(ApiError::internal(format!("not an http(s) URL: {uri}"))),
+    };
+    let authority = uri
+        .authority()
+        .ok_or_else(|| ApiError::internal(format!("no host in {uri}")))?;
+    let host = authority.host().trim_matches(['[', ']']).to_string();
+    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let connect = async {
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let _ = stream.set_nodelay(true);
+        if !https {
+            return Ok::<Box<dyn Io>, ApiError>(Box::new(stream));
+        }
+        let name =
+            rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| unreachable(&e))?;
+        let tls = tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name, stream)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        Ok(Box::new(tls) as Box<dyn Io>)
+    };
+    let io = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        .await
+        .map_err(|_| unreachable(&"i/o timeout"))??;
+    Ok((io, authority.to_string()))
 }
 
 /// A far end's body relayed frame by frame as it comes (data frames only).
@@ -122,6 +190,7 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 /// following its redirect on the same host, and once the far end switches protocols splices
 /// the client's connection (`client`) to it until either side closes or the server stops.
 pub async fn upgrade(
+    tls: &Arc<rustls::ClientConfig>,
     method: &Method,
     url: &str,
     headers: &HeaderMap,
@@ -133,7 +202,7 @@ pub async fn upgrade(
         .map_err(|e| ApiError::internal(format!("kubelet URL {url}: {e}")))?;
     let kubelet_host = target.host().unwrap_or_default().to_string();
     for _ in 0..=MAX_REDIRECTS {
-        let resp = handshake(method, &target, headers).await?;
+        let resp = handshake(tls, method, &target, headers).await?;
         let status = resp.status();
         if status == StatusCode::SWITCHING_PROTOCOLS {
             return Ok(splice(resp, client, shutdown));
@@ -180,24 +249,14 @@ fn redirect_target(
 
 /// Sends the handshake to `uri` on a connection of its own; returns the far end's answer.
 async fn handshake(
+    tls: &Arc<rustls::ClientConfig>,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<Response<Incoming>, ApiError> {
     let unreachable =
         |e: &dyn std::fmt::Display| ApiError::unavailable(format!("connecting to {uri}: {e}"));
-    let authority = uri
-        .authority()
-        .filter(|_| uri.scheme_str() == Some("http"))
-        .ok_or_else(|| ApiError::internal(format!("not an http:// URL: {uri}")))?;
-    let addr = match authority.port_u16() {
-        Some(_) => authority.to_string(),
-        None => format!("{authority}:80"),
-    };
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| unreachable(&e))?;
-    let _ = stream.set_nodelay(true);
+    let (stream, authority) = dial(uri, tls).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| unreachable(&e))?;
@@ -271,7 +330,7 @@ mod tests {
 
     #[test]
     fn redirects_stay_on_the_kubelets_host() {
-        let from: Uri = "http://10.0.0.5:10250/exec/ns/p/c?command=ls"
+        let from: Uri = "https://10.0.0.5:10250/exec/ns/p/c?command=ls"
             .parse()
             .unwrap();
         let to = |l| redirect_target(&from, Some(l), "10.0.0.5");
@@ -281,7 +340,7 @@ mod tests {
         );
         assert_eq!(
             to("/exec/tok").unwrap().to_string(),
-            "http://10.0.0.5:10250/exec/tok"
+            "https://10.0.0.5:10250/exec/tok"
         );
         assert_eq!(to("http://10.0.0.6:41234/exec/tok").unwrap_err().code, 500);
         assert_eq!(to("http://127.0.0.1:41234/exec/tok").unwrap_err().code, 500);

@@ -5,7 +5,8 @@
 //! - services: `[scheme:]service[:port]`, the port by name or number; a ready address of the
 //!   service's Endpoints with that port, picked at random (Kubernetes' ResourceLocation).
 //! - nodes: `[scheme:]node[:port]`, the node agent's own API when no port (or its port) is
-//!   given; another port of the node's address otherwise.
+//!   given (over HTTPS as `kube-apiserver-kubelet-client`, as every call to a node agent);
+//!   another port of the node's address otherwise.
 //!
 //! The API server reaches pods through the node agent that runs them (`/podTunnel`, a TCP
 //! connection from the node spliced to an HTTP upgrade), never by routing to the pod
@@ -24,7 +25,6 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::kubelet::{kubelet_of, kubelet_of_pod};
 use super::{Call, Ctx};
@@ -33,8 +33,8 @@ use crate::apiserver::proxy_url::{self, ProxyName, Scheme};
 use crate::apiserver::registry;
 use crate::machinery::ApiError;
 
-/// How long connecting to a backend (or to the node agent for a tunnel) may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connecting to a backend may take.
+const CONNECT_TIMEOUT: Duration = super::proxy::CONNECT_TIMEOUT;
 
 /// The most of a refused tunnel's answer kept for the error message.
 const ERROR_BYTES: usize = 16 * 1024;
@@ -48,7 +48,9 @@ enum Backend {
         pod: String,
         port: u16,
     },
-    /// `host:port` reached from the API server itself (the node agent's API, a node port).
+    /// The node agent's own API (`https://host:port`), reached from the API server itself.
+    Kubelet(String),
+    /// `host:port` reached from the API server itself (another port of a node).
     Direct(String),
 }
 
@@ -57,6 +59,7 @@ impl Backend {
     fn authority(&self, pod_ip: &str) -> String {
         match self {
             Backend::Pod { port, .. } => join_host_port(pod_ip, *port),
+            Backend::Kubelet(url) => url.trim_start_matches("https://").to_string(),
             Backend::Direct(a) => a.clone(),
         }
     }
@@ -82,7 +85,7 @@ pub async fn proxy(ctx: &Arc<Ctx>, call: &Call<'_>, id: &str) -> Result<Resp, Ap
         "Service" => service_backend(ctx, call, &target).await?,
         _ => node_backend(ctx, &target).await?,
     };
-    relay(call, &prefix, scheme, &backend, &pod_ip).await
+    relay(ctx, call, &prefix, scheme, &backend, &pod_ip).await
 }
 
 /// A proxy request is a CONNECT to admission (as in Kubernetes), with PodProxyOptions,
@@ -296,22 +299,13 @@ async fn node_backend(
         .ok_or_else(|| ApiError::not_found("", "nodes", target.name))?;
     let kubelet = kubelet_of(&node)
         .ok_or_else(|| ApiError::bad_request(format!("node {} reports no address", target.name)))?;
-    let (kubelet_scheme, kubelet_authority) = kubelet
-        .split_once("://")
+    let kubelet_authority = kubelet
+        .strip_prefix("https://")
         .ok_or_else(|| ApiError::internal(format!("kubelet address {kubelet}")))?;
-    let kubelet_scheme = if kubelet_scheme == "https" {
-        Scheme::Https
-    } else {
-        Scheme::Http
-    };
     let kubelet_port = kubelet_authority.rsplit(':').next().unwrap_or_default();
     if target.port.is_empty() || target.port == kubelet_port {
         // The node agent's API, spoken as the node agent speaks it.
-        return Ok((
-            kubelet_scheme,
-            Backend::Direct(kubelet_authority.to_string()),
-            String::new(),
-        ));
+        return Ok((Scheme::Https, Backend::Kubelet(kubelet), String::new()));
     }
     let port = parse_port(target.port, &format!("node {}", target.name))?;
     let host = kubelet_authority
@@ -342,9 +336,7 @@ fn join_host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// A byte stream to the backend.
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+use super::proxy::Io;
 
 fn unreachable(e: impl std::fmt::Display) -> ApiError {
     ApiError::unavailable(format!("error trying to reach service: {e}"))
@@ -359,10 +351,11 @@ async fn connect(addr: &str) -> Result<tokio::net::TcpStream, ApiError> {
     Ok(stream)
 }
 
-/// Opens the byte stream: directly, or through the pod's node agent.
-async fn open(backend: &Backend) -> Result<Box<dyn Io>, ApiError> {
+/// Opens the byte stream: directly, to the node agent, or through the pod's node agent.
+async fn open(ctx: &Ctx, backend: &Backend) -> Result<Box<dyn Io>, ApiError> {
     let (kubelet, namespace, pod, port) = match backend {
         Backend::Direct(addr) => return Ok(Box::new(connect(addr).await?)),
+        Backend::Kubelet(url) => return Ok(dial_kubelet(ctx, url).await?.0),
         Backend::Pod {
             kubelet,
             namespace,
@@ -370,10 +363,7 @@ async fn open(backend: &Backend) -> Result<Box<dyn Io>, ApiError> {
             port,
         } => (kubelet, namespace, pod, port),
     };
-    let authority = kubelet
-        .strip_prefix("http://")
-        .ok_or_else(|| ApiError::internal(format!("not an http:// node agent: {kubelet}")))?;
-    let stream = connect(authority).await?;
+    let (stream, authority) = dial_kubelet(ctx, kubelet).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(unreachable)?;
@@ -383,7 +373,7 @@ async fn open(backend: &Backend) -> Result<Box<dyn Io>, ApiError> {
         }
     });
     let req = Request::get(format!("/podTunnel/{namespace}/{pod}/{port}"))
-        .header(header::HOST, authority)
+        .header(header::HOST, authority.as_str())
         .header(header::CONNECTION, "Upgrade")
         .header(header::UPGRADE, "tcp")
         .body(http_body_util::Empty::<Bytes>::new())
@@ -409,21 +399,30 @@ async fn open(backend: &Backend) -> Result<Box<dyn Io>, ApiError> {
     Ok(Box::new(TokioIo::new(upgraded)))
 }
 
+/// A connection to a node agent's API (`https://host:port`), its authority.
+async fn dial_kubelet(ctx: &Ctx, url: &str) -> Result<(Box<dyn Io>, String), ApiError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| ApiError::internal(format!("kubelet URL {url}: {e}")))?;
+    super::proxy::dial(&uri, &ctx.kubelet_tls).await
+}
+
 /// Sends the client's request to the backend and streams the answer back.
 async fn relay(
+    ctx: &Ctx,
     call: &Call<'_>,
     prefix: &str,
     scheme: Scheme,
     backend: &Backend,
     pod_ip: &str,
 ) -> Result<Resp, ApiError> {
-    if scheme == Scheme::Https {
+    if scheme == Scheme::Https && !matches!(backend, Backend::Kubelet(_)) {
         return Err(ApiError::bad_request(
             "proxying to https backends is not supported by this server yet",
         ));
     }
     let authority = backend.authority(pod_ip);
-    let io = open(backend).await?;
+    let io = open(ctx, backend).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(unreachable)?;
