@@ -78,6 +78,7 @@ impl NodeProc {
         kubeconfig: &Path,
         dir: &Path,
     ) -> NodeProc {
+        let api_dir = dir.join("api");
         let registry = format!(
             "{REGISTRY}=http://{}:5000",
             link.cidr().replace(".0/24", ".1")
@@ -89,6 +90,8 @@ impl NodeProc {
         ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", &veth.peer]);
         ns.ip(&["route", "add", "default", "via", &host_ip]);
         let data_dir = dir.join(name);
+        let pki = dir.join(format!("{name}-pki"));
+        let tls = common::cluster::serving_tls_files(&api_dir, name, &[ip, name], &pki);
         let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
         let mut cmd = ns.command(env!("CARGO_BIN_EXE_node"));
         cmd.args([
@@ -100,6 +103,7 @@ impl NodeProc {
             "--listen",
             "127.0.0.1:0",
         ])
+        .args(&tls)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .arg("--data-dir")

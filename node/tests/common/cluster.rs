@@ -11,7 +11,7 @@ use node::agent::{AgentConfig, RunningAgent};
 use node::names::NodeName;
 use serde_json::json;
 use skiff_tests::wait_until_async;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const T: Duration = Duration::from_secs(40);
@@ -192,13 +192,19 @@ impl Cluster {
 
 /// The node agent's serving certificate (127.0.0.1 and the node's name) from the cluster CA
 /// of the API server in `api_dir`, and that CA for client certificates.
-fn serving_tls(api_dir: &std::path::Path, node: &str) -> node::server::ApiTls {
+fn serving_tls(api_dir: &Path, node: &str) -> node::server::ApiTls {
+    serving_tls_for(api_dir, node, &["127.0.0.1", node])
+}
+
+/// The node agent's serving certificate with `sans` as its SANs, from the cluster CA of the
+/// API server in `api_dir`, and that CA for client certificates.
+pub fn serving_tls_for(api_dir: &Path, node: &str, sans: &[&str]) -> node::server::ApiTls {
     let pki = control_plane::apiserver::certs::pki_dir(api_dir);
     let ca = control_plane::pki::Ca::load(&pki.join("ca.crt"), &pki.join("ca.key")).unwrap();
     let issued = control_plane::apiserver::certs::kubelet_serving(
         &ca,
         node,
-        vec!["127.0.0.1".parse().unwrap(), node.parse().unwrap()],
+        sans.iter().map(|s| s.parse().unwrap()).collect(),
         Duration::from_secs(24 * 3600),
     )
     .unwrap();
@@ -207,6 +213,26 @@ fn serving_tls(api_dir: &std::path::Path, node: &str) -> node::server::ApiTls {
         key_pem: issued.key_pem,
         client_ca_pem: ca.cert_pem().to_string(),
     }
+}
+
+/// [`serving_tls_for`] written as `kubelet.crt`, `kubelet.key` and `ca.crt` (0600) into
+/// `dir`, as `control-plane kubelet-serving-cert` writes them for a node agent process;
+/// the arguments `node run` takes them with.
+pub fn serving_tls_files(api_dir: &Path, node: &str, sans: &[&str], dir: &Path) -> Vec<String> {
+    use control_plane::pki::files::write_private;
+    let tls = serving_tls_for(api_dir, node, sans);
+    let mut args = Vec::new();
+    for (flag, file, pem) in [
+        ("--tls-cert-file", "kubelet.crt", &tls.cert_pem),
+        ("--tls-private-key-file", "kubelet.key", &tls.key_pem),
+        ("--client-ca-file", "ca.crt", &tls.client_ca_pem),
+    ] {
+        let path = dir.join(file);
+        write_private(&path, pem.as_bytes()).unwrap();
+        args.push(flag.to_string());
+        args.push(path.display().to_string());
+    }
+    args
 }
 
 impl Drop for Cluster {
