@@ -215,24 +215,25 @@ pub fn serving_tls_for(api_dir: &Path, node: &str, sans: &[&str]) -> node::serve
     }
 }
 
-/// [`serving_tls_for`] written as `kubelet.crt`, `kubelet.key` and `ca.crt` (0600) into
-/// `dir`, as `control-plane kubelet-serving-cert` writes them for a node agent process;
-/// the arguments `node run` takes them with.
-pub fn serving_tls_files(api_dir: &Path, node: &str, sans: &[&str], dir: &Path) -> Vec<String> {
+/// [`serving_tls_for`] written as `control-plane kubelet-serving-cert` writes it for a node
+/// agent process (`kubelet.crt`, `kubelet.key`, `ca.crt`, 0600) into `dir`; the flags
+/// `node run` takes them with.
+pub fn serving_tls_files(
+    api_dir: &Path,
+    node: &str,
+    sans: &[&str],
+    dir: &Path,
+) -> Vec<std::ffi::OsString> {
     use control_plane::pki::files::write_private;
     let tls = serving_tls_for(api_dir, node, sans);
-    let mut args = Vec::new();
-    for (flag, file, pem) in [
-        ("--tls-cert-file", "kubelet.crt", &tls.cert_pem),
-        ("--tls-private-key-file", "kubelet.key", &tls.key_pem),
-        ("--client-ca-file", "ca.crt", &tls.client_ca_pem),
+    for (file, pem) in [
+        ("kubelet.crt", &tls.cert_pem),
+        ("kubelet.key", &tls.key_pem),
+        ("ca.crt", &tls.client_ca_pem),
     ] {
-        let path = dir.join(file);
-        write_private(&path, pem.as_bytes()).unwrap();
-        args.push(flag.to_string());
-        args.push(path.display().to_string());
+        write_private(&dir.join(file), pem.as_bytes()).unwrap();
     }
-    args
+    skiff_tests::cluster::kubelet_tls_args(dir)
 }
 
 impl Drop for Cluster {

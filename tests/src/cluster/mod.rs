@@ -468,12 +468,7 @@ impl Cluster {
         } else {
             cmd.arg("--kubeconfig").arg(self.node_kubeconfig());
         }
-        cmd.arg("--tls-cert-file")
-            .arg(pki.join("kubelet.crt"))
-            .arg("--tls-private-key-file")
-            .arg(pki.join("kubelet.key"))
-            .arg("--client-ca-file")
-            .arg(pki.join("ca.crt"))
+        cmd.args(kubelet_tls_args(&pki))
             .args(["--name", name, "--node-ip", &node.ip.to_string()])
             .arg("--data-dir")
             .arg(&node.data_dir)
@@ -718,6 +713,19 @@ impl Drop for Cluster {
         // The relay threads stop last: the agents needed them while stopping.
         self.relay = None;
     }
+}
+
+/// `node run`'s flags for the files `control-plane kubelet-serving-cert --out-dir <pki>`
+/// writes: its serving certificate and key, and the cluster CA it checks callers against.
+pub fn kubelet_tls_args(pki: &Path) -> Vec<OsString> {
+    [
+        ("--tls-cert-file", "kubelet.crt"),
+        ("--tls-private-key-file", "kubelet.key"),
+        ("--client-ca-file", "ca.crt"),
+    ]
+    .into_iter()
+    .flat_map(|(flag, file)| [OsString::from(flag), pki.join(file).into_os_string()])
+    .collect()
 }
 
 /// A command that runs as a node-level process of `node`: in its network namespace and
