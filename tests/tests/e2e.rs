@@ -160,6 +160,21 @@ fn mark(table: &mut Vec<(String, f64)>, what: &str, t: Duration) {
     table.push((what.to_string(), t.as_secs_f64()));
 }
 
+/// The proxies (synced, so their RBAC is enough) run as `system:kube-proxy` with the
+/// cluster library's proxy kubeconfig: services are readable, secrets are not (403 naming
+/// that user).
+fn proxies_are_kube_proxy(c: &Cluster) {
+    let proxy = KubeconfigAccess::read(&c.proxy_kubeconfig()).unwrap();
+    let get = |path: &str| proxy.get(path, Duration::from_secs(30)).unwrap();
+    assert_eq!(get("/api/v1/services").0, 200);
+    let (code, body) = get("/api/v1/secrets");
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains(r#"User \"system:kube-proxy\" cannot list resource \"secrets\""#),
+        "{body}"
+    );
+}
+
 /// The node agent's API (HTTPS on the node's address, port 10250), called directly: no
 /// credentials is 401; a certificate of the cluster CA for a user without nodes/proxy is 403
 /// with the kubelet's message; a service account token granted nodes/proxy reads the pod's
@@ -266,6 +281,7 @@ fn a_deployment_behind_a_service_on_two_nodes() {
     let c = Cluster::up(spec).unwrap_or_else(|e| panic!("cluster up: {e}"));
     let mut table = Vec::new();
     mark(&mut table, "cluster up (2 nodes)", t_up.elapsed());
+    proxies_are_kube_proxy(&c);
     let k = c.kubectl();
     let (node1, node2) = (
         c.state().nodes[0].name.clone(),

@@ -253,6 +253,7 @@ impl Cluster {
                 c.start_relay(spec)
             })?;
         self.write_node_kubeconfig(api_relay)?;
+        self.write_proxy_kubeconfig(api_relay)?;
         if spec.tls_bootstrap {
             self.step("a bootstrap token for the nodes", |c| {
                 c.write_bootstrap_kubeconfig(spec, api_relay)
@@ -405,6 +406,24 @@ impl Cluster {
             })
             .collect();
         write_private(&self.node_kubeconfig(), &rewritten)
+    }
+
+    /// The service proxies' kubeconfig: `system:kube-proxy` with a client certificate of the
+    /// cluster CA (bound to `system:node-proxier` by the bootstrap policy), the API server at
+    /// the relay.
+    fn write_proxy_kubeconfig(&self, api_relay: SocketAddr) -> Result<(), Error> {
+        command_output(
+            Command::new(&self.state.binaries.control_plane)
+                .arg("kubeconfig")
+                .arg("--data-dir")
+                .arg(self.state_dir.join("control-plane"))
+                .args(["--user", PROXY_USER])
+                .arg("--server")
+                .arg(format!("https://{api_relay}"))
+                .arg("--out")
+                .arg(self.proxy_kubeconfig()),
+        )?;
+        Ok(())
     }
 
     /// A kubeconfig with a new bootstrap token and the API server at the relay, written by
@@ -589,7 +608,7 @@ impl Cluster {
         let node = self.state.nodes[i].clone();
         let mut cmd = Command::new(&self.state.binaries.proxy);
         cmd.args(["run", "--mode", "ebpf", "--source", "api", "--kubeconfig"])
-            .arg(self.node_kubeconfig())
+            .arg(self.proxy_kubeconfig())
             .args(["--node-name", &node.name, "--metrics", PROXY_METRICS])
             .arg("--cgroup")
             .arg(&node.cgroup)
@@ -665,6 +684,11 @@ impl Cluster {
         self.state_dir.join("node-kubeconfig")
     }
 
+    /// The service proxies' kubeconfig (`system:kube-proxy`, API server at the relay).
+    pub fn proxy_kubeconfig(&self) -> PathBuf {
+        self.state_dir.join("proxy-kubeconfig")
+    }
+
     /// A kubeconfig for `user` (in `group`) with a new client certificate from the cluster
     /// CA (`control-plane kubeconfig`), at `<state dir>/<user>.kubeconfig`.
     pub fn user_kubeconfig(&self, user: &str, group: Option<&str>) -> Result<PathBuf, Error> {
@@ -714,6 +738,9 @@ impl Drop for Cluster {
         self.relay = None;
     }
 }
+
+/// The service proxies' user, bound to `system:node-proxier` as kube-proxy is.
+pub const PROXY_USER: &str = "system:kube-proxy";
 
 /// `node run`'s flags for the files `control-plane kubelet-serving-cert --out-dir <pki>`
 /// writes: its serving certificate and key, and the cluster CA it checks callers against.
