@@ -278,6 +278,7 @@ impl Chain {
         let all: Vec<Arc<dyn Plugin>> = vec![
             Arc::new(namespace_lifecycle::NamespaceLifecycle::new(env.clone())),
             Arc::new(limit_ranger::LimitRanger::new(env.clone())),
+            Arc::new(service_account::ServiceAccount::new(env.clone())),
             Arc::new(node_restriction::NodeRestriction::new(env.clone())),
             Arc::new(pod_security::PodSecurity::new(
                 env.clone(),

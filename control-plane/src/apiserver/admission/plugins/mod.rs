@@ -5,4 +5,5 @@ pub mod namespace_lifecycle;
 pub mod node_restriction;
 pub mod pod_security;
 pub mod resource_quota;
+pub mod service_account;
 pub mod webhook;
