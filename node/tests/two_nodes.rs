@@ -162,6 +162,7 @@ struct TwoNodes {
     b: NodeProc,
     server: Option<RunningServer>,
     client: Client,
+    _identity: common::IdentityControllers,
     _bridge: HostBridge,
     _link: SubnetLease,
     _dir: tempfile::TempDir,
@@ -200,6 +201,7 @@ async fn two_nodes() -> TwoNodes {
     let client = control_plane::runtime::client::from_kubeconfig(&kubeconfig)
         .await
         .unwrap();
+    let identity = common::identity_controllers(client.clone(), &kubeconfig).await;
     let tag = std::process::id();
     let a = NodeProc::start(
         &format!("na{tag}"),
@@ -223,6 +225,7 @@ async fn two_nodes() -> TwoNodes {
         b,
         server: Some(server),
         client,
+        _identity: identity,
         _bridge: bridge,
         _link: link,
         _dir: dir,

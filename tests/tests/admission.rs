@@ -79,15 +79,7 @@ fn a_sidecar_injector_adds_a_container_that_runs() {
     let name = unique_name("adm");
     let dir = std::env::temp_dir().join(&name);
     let mut spec = Spec::new(&name, 2, &dir, lease.cidr().parse().unwrap(), binaries());
-    // A pod network of the test's own, which the host routes to without meeting another
-    // cluster's.
-    spec.control_plane_args = vec![
-        "--cluster-cidr".into(),
-        format!("10.251.{}.0/24", lease.octet()),
-        "--node-cidr-mask-size".into(),
-        "26".into(),
-    ];
-    spec.pod_routes_on_host = true;
+    spec.own_pod_network(lease.octet());
     eprintln!("cluster {name} in {}", dir.display());
     let c = Cluster::up(spec).unwrap_or_else(|e| panic!("cluster up: {e}"));
     let k = c.kubectl();

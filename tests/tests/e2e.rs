@@ -105,6 +105,125 @@ fn client_pod(k: &Kubectl, name: &str, node: &str, url: &str, count: u32) -> Str
     log
 }
 
+/// Where every pod's service account files are (client-go and kube-rs read them there).
+const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// A pod that says nothing about service accounts gets, from the ServiceAccount admission
+/// plugin, the `default` account and its projected token volume (a bound token of 3607 s,
+/// the cluster CA, the namespace), and calls the API as an in-cluster client: 200 for
+/// discovery, 403 for the namespace's secrets (the default service account holds no grant);
+/// its token is bound to it. A pod with `automountServiceAccountToken: false` has no token.
+fn in_cluster_access(k: &Kubectl, node: &str) {
+    let manifest = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "incluster", "labels": {"app": "incluster"}},
+        "spec": {"nodeName": node,
+            "containers": [{"name": "c", "image": ECHO_IMAGE}]}
+    });
+    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
+    assert!(r.success, "creating the in-cluster pod: {}", r.stderr);
+    let bare = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "no-token", "labels": {"app": "incluster"}},
+        "spec": {"nodeName": node, "automountServiceAccountToken": false,
+            "containers": [{"name": "c", "image": ECHO_IMAGE}]}
+    });
+    let r = k.run_with_stdin(&["create", "-f", "-"], &bare.to_string());
+    assert!(r.success, "creating the pod without a token: {}", r.stderr);
+    wait_ready(k, "app=incluster", 2);
+    let spec = e2e::json(k, &["get", "pod", "incluster", "-o", "json"]);
+    assert_eq!(spec["spec"]["serviceAccountName"], "default", "{spec}");
+    let volume = spec["spec"]["volumes"][0]["name"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(volume.starts_with("kube-api-access-"), "{spec}");
+    assert_eq!(
+        spec["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], SA_DIR,
+        "{spec}"
+    );
+
+    let env = k.ok(&["exec", "incluster", "--", "/echo", "env"]);
+    let host = env
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBERNETES_SERVICE_HOST="))
+        .unwrap_or_else(|| panic!("KUBERNETES_SERVICE_HOST in {env}"));
+    let vip = k.ok(&[
+        "get",
+        "service",
+        "kubernetes",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    assert_eq!(host, vip.trim(), "{env}");
+    assert!(
+        env.lines().any(|l| l == "KUBERNETES_SERVICE_PORT=443"),
+        "{env}"
+    );
+
+    // The client retries while the proxies learn the new service's backends.
+    let answers = wait_until("the in-cluster client's answers", T, || {
+        let r = k.run(&["exec", "incluster", "--", "/echo", "incluster"]);
+        if r.success && r.stdout.contains("GET /apis ") {
+            Ok(r.stdout)
+        } else {
+            Err(format!("{}{}", r.stdout, r.stderr))
+        }
+    });
+    assert!(answers.contains("GET /apis 200"), "{answers}");
+    assert!(
+        answers.contains("GET /api/v1/namespaces/default/secrets 403"),
+        "{answers}"
+    );
+
+    // The token: bound to this pod, 3607 s as the admission plugin's projection asks.
+    let token = k.ok(&[
+        "exec",
+        "incluster",
+        "--",
+        "/echo",
+        "cat",
+        &format!("{SA_DIR}/token"),
+    ]);
+    let claims = jwt_claims(&token);
+    assert_eq!(
+        claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
+        3607,
+        "{claims}"
+    );
+    assert_eq!(
+        claims["sub"], "system:serviceaccount:default:default",
+        "{claims}"
+    );
+    assert_eq!(
+        claims["kubernetes.io"]["pod"]["name"], "incluster",
+        "{claims}"
+    );
+
+    let r = k.run(&[
+        "exec",
+        "no-token",
+        "--",
+        "/echo",
+        "exists",
+        &format!("{SA_DIR}/token"),
+    ]);
+    assert!(
+        !r.success,
+        "automountServiceAccountToken: false mounts no token: {r:?}"
+    );
+    k.ok(&["delete", "pod", "incluster", "no-token", "--wait=false"]);
+}
+
+/// The claims of a JWT (its middle part), not verified: the API server verified it.
+fn jwt_claims(token: &str) -> serde_json::Value {
+    use base64::Engine;
+    let payload = token.trim().split('.').nth(1).expect("a JWT");
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .expect("base64url claims");
+    serde_json::from_slice(&raw).expect("JSON claims")
+}
+
 /// `kubectl port-forward pod/<pod> :8080` (the API server relays to the pod's node agent
 /// and its runtime's streaming server, which connects inside the pod's network namespace),
 /// then one HTTP GET through the local port kubectl chose.
@@ -275,7 +394,9 @@ fn a_deployment_behind_a_service_on_two_nodes() {
     let lease = subnet::lease();
     let name = unique_name("e2e");
     let dir = std::env::temp_dir().join(&name);
-    let spec = Spec::new(&name, 2, &dir, lease.cidr().parse().unwrap(), binaries());
+    let mut spec = Spec::new(&name, 2, &dir, lease.cidr().parse().unwrap(), binaries());
+    // Pods reach the API server (step 9) through routes on the host back to them.
+    spec.own_pod_network(lease.octet());
     eprintln!("cluster {name} in {}", dir.display());
     let t_up = Instant::now();
     let c = Cluster::up(spec).unwrap_or_else(|e| panic!("cluster up: {e}"));
@@ -554,6 +675,17 @@ fn a_deployment_behind_a_service_on_two_nodes() {
         t.elapsed(),
     );
     k.ok(&["uncordon", &node1]);
+
+    // 9. In-cluster access: a pod reads its service account token and calls the API at
+    // $KUBERNETES_SERVICE_HOST (the `kubernetes` Service's ClusterIP, through the eBPF
+    // proxy to the API server).
+    let t = Instant::now();
+    in_cluster_access(&k, &node2);
+    mark(
+        &mut table,
+        "in-cluster client: token, discovery, denial",
+        t.elapsed(),
+    );
 
     eprintln!("\n| step | seconds |\n|---|---:|");
     for (step, s) in c

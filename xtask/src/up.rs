@@ -29,7 +29,7 @@ pub struct Opts {
     /// the bridge (default: .200 to .250 of the subnet; `none` leaves them pending).
     #[arg(long)]
     lb_pool: Option<String>,
-    /// The API server's port on 127.0.0.1 (also the relay's port on the bridge).
+    /// The API server's port on the bridge's address (the first of the subnet).
     #[arg(long, default_value_t = 6443)]
     api_port: u16,
     /// The node agents' hard eviction thresholds (`node run --eviction-hard`). The default
@@ -122,7 +122,6 @@ pub fn up(opts: Opts) -> Result<()> {
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,
         args: vec!["relay".into()],
-        api_port: opts.api_port,
         registry_port: spec.registry.port(),
     };
     let c = Cluster::up(spec)?;

@@ -22,6 +22,7 @@ pub struct Cluster {
     agent: Option<RunningAgent>,
     pub config: AgentConfig,
     subnet: skiff_tests::subnet::SubnetLease,
+    _identity: super::IdentityControllers,
     dir: tempfile::TempDir,
 }
 
@@ -50,6 +51,7 @@ impl Cluster {
         let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
             .await
             .unwrap();
+        let identity = super::identity_controllers(client.clone(), server.kubeconfig_path()).await;
         let name = NodeName::new(format!("a{}-{tag}", std::process::id()));
         let api_tls = serving_tls(&dir.path().join("api"), name.as_str());
         let mut config = AgentConfig::new(name, dir.path().join("node"), settings(), api_tls);
@@ -67,6 +69,7 @@ impl Cluster {
             agent: Some(agent),
             config,
             subnet: skiff_tests::subnet::lease(),
+            _identity: identity,
             dir,
         }
     }

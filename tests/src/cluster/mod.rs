@@ -1,10 +1,11 @@
 //! A whole skiff cluster on one machine, shared by `cargo xtask up`/`down` and the
-//! end-to-end tests: the control plane (`control-plane server`, loopback only), and per node
+//! end-to-end tests: the control plane (`control-plane server`, on the host bridge's address,
+//! where nodes and pods reach it as the `kubernetes` Service's endpoint), and per node
 //! a network namespace on a host bridge with the node agent (`node run`, its own
 //! containerd) and the service proxy (`proxy run --source api`) whose programs are attached
 //! to the node's cgroup (the pods' parent, with the node's own processes in its `host`
-//! child), pins on the cluster's private bpffs. A relay makes the loopback-only API server
-//! and registry reachable from the nodes at the bridge's address.
+//! child), pins on the cluster's private bpffs. A relay makes the loopback-only registry
+//! reachable from the nodes at the bridge's address.
 //!
 //! Everything made is recorded in `<state dir>/cluster.json` as it appears; [`down`] removes
 //! exactly that, in order, and is idempotent. A [`Cluster`] handle tears its cluster down
@@ -58,11 +59,10 @@ pub fn command_output(cmd: &mut Command) -> Result<String, Error> {
 pub enum RelayMode {
     /// Threads of the process that brings the cluster up (tests: it lives as long as they do).
     Threads,
-    /// A process of its own: `program args... LISTEN=TO...`, on fixed ports (`xtask up`).
+    /// A process of its own: `program args... LISTEN=TO`, on a fixed port (`xtask up`).
     Process {
         program: PathBuf,
         args: Vec<OsString>,
-        api_port: u16,
         registry_port: u16,
     },
 }
@@ -76,7 +76,7 @@ pub struct Spec {
     pub nodes: Vec<String>,
     pub state_dir: PathBuf,
     pub subnet: Subnet,
-    /// The API server's loopback port (0: any free port).
+    /// The API server's port on the bridge's address (0: any free port).
     pub api_port: u16,
     pub binaries: Binaries,
     pub relay: RelayMode,
@@ -96,6 +96,27 @@ pub struct Spec {
     /// own client certificate through a CertificateSigningRequest (TLS bootstrap), instead
     /// of the admin kubeconfig.
     pub tls_bootstrap: bool,
+}
+
+impl Spec {
+    /// A pod network of the cluster's own, `10.251.<octet>.0/24` with a /26 per node (up to
+    /// 4 nodes; `octet` from the test's subnet lease, unique on the machine), which the host
+    /// routes to without meeting another cluster's: the control plane reaches pods (webhooks
+    /// served by pods) and pods reach it (the `kubernetes` Service's endpoint is the host's
+    /// bridge address) as on a control-plane node that is part of the pod network.
+    pub fn own_pod_network(&mut self, octet: u8) {
+        assert!(
+            self.nodes.len() <= 4,
+            "a /24 pod network holds 4 nodes' /26s"
+        );
+        self.control_plane_args.extend([
+            "--cluster-cidr".to_string(),
+            format!("10.251.{octet}.0/24"),
+            "--node-cidr-mask-size".to_string(),
+            "26".to_string(),
+        ]);
+        self.pod_routes_on_host = true;
+    }
 }
 
 /// Hard eviction thresholds for nodes that share the machine's disk with its builds. The
@@ -248,15 +269,13 @@ impl Cluster {
         self.step("control plane: API server, controllers, scheduler", |c| {
             c.start_control_plane(spec)
         })?;
-        let (api_relay, registry_relay) = self
-            .step("relay: API and registry to the nodes", |c| {
-                c.start_relay(spec)
-            })?;
-        self.write_node_kubeconfig(api_relay)?;
-        self.write_proxy_kubeconfig(api_relay)?;
+        let registry_relay =
+            self.step("relay: the registry to the nodes", |c| c.start_relay(spec))?;
+        self.write_node_kubeconfig()?;
+        self.write_proxy_kubeconfig()?;
         if spec.tls_bootstrap {
             self.step("a bootstrap token for the nodes", |c| {
-                c.write_bootstrap_kubeconfig(spec, api_relay)
+                c.write_bootstrap_kubeconfig(spec)
             })?;
         }
         for (i, name) in spec.nodes.iter().enumerate() {
@@ -287,12 +306,13 @@ impl Cluster {
         cmd.arg("server")
             .arg("--data-dir")
             .arg(self.state_dir.join("control-plane"))
+            // The bridge's address, as a control-plane node's address on the node network:
+            // the host (kubectl), the nodes and the pods (through the `kubernetes` Service,
+            // whose endpoint this is) reach it there; every request is authenticated.
             .arg("--listen")
-            .arg(format!("127.0.0.1:{}", spec.api_port))
+            .arg(SocketAddr::from((spec.subnet.host(), spec.api_port)).to_string())
             .arg("--write-kubeconfig")
             .arg(&kubeconfig)
-            // Nodes reach the API server at the bridge's address (through the relay): a
-            // name its serving certificate must carry.
             .arg("--advertise-address")
             .arg(spec.subnet.host().to_string())
             // Port 0: several clusters (and other tests) on one machine never collide.
@@ -337,31 +357,20 @@ impl Cluster {
         })
     }
 
-    fn start_relay(&mut self, spec: &Spec) -> Result<(SocketAddr, SocketAddr), Error> {
-        let host = spec.subnet.host();
-        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
-        let (api_port, registry_port) = match &spec.relay {
-            RelayMode::Threads => (0, 0),
-            RelayMode::Process {
-                api_port,
-                registry_port,
-                ..
-            } => (*api_port, *registry_port),
+    /// The registry relay; returns the address nodes pull from.
+    fn start_relay(&mut self, spec: &Spec) -> Result<SocketAddr, Error> {
+        let registry_port = match &spec.relay {
+            RelayMode::Threads => 0,
+            RelayMode::Process { registry_port, .. } => *registry_port,
         };
-        let forwards = [
-            Forward {
-                listen: SocketAddr::from((host, api_port)),
-                to: api,
-            },
-            Forward {
-                listen: SocketAddr::from((host, registry_port)),
-                to: spec.registry,
-            },
-        ];
+        let forwards = [Forward {
+            listen: SocketAddr::from((spec.subnet.host(), registry_port)),
+            to: spec.registry,
+        }];
         match &spec.relay {
             RelayMode::Threads => {
                 let relay = Relay::start(&forwards).map_err(io_err("starting the relay"))?;
-                let bound = (relay.bound[0], relay.bound[1]);
+                let bound = relay.bound[0];
                 self.relay = Some(relay);
                 Ok(bound)
             }
@@ -386,13 +395,14 @@ impl Cluster {
                             .map_err(|e| e.to_string())
                     })?;
                 }
-                Ok((forwards[0].listen, forwards[1].listen))
+                Ok(forwards[0].listen)
             }
         }
     }
 
-    /// The kubeconfig nodes use: the admin's, with the API server at the relay.
-    fn write_node_kubeconfig(&self, api_relay: SocketAddr) -> Result<(), Error> {
+    /// The kubeconfig nodes use: the admin's, with the API server at its bridge address.
+    fn write_node_kubeconfig(&self) -> Result<(), Error> {
+        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
         let text = std::fs::read_to_string(self.kubeconfig())
             .map_err(io_err(self.kubeconfig().display()))?;
         let rewritten: String = text
@@ -400,7 +410,7 @@ impl Cluster {
             .map(|l| match l.trim_start().strip_prefix("server:") {
                 Some(_) => {
                     let indent = &l[..l.len() - l.trim_start().len()];
-                    format!("{indent}server: https://{api_relay}\n")
+                    format!("{indent}server: https://{api}\n")
                 }
                 None => format!("{l}\n"),
             })
@@ -410,8 +420,9 @@ impl Cluster {
 
     /// The service proxies' kubeconfig: `system:kube-proxy` with a client certificate of the
     /// cluster CA (bound to `system:node-proxier` by the bootstrap policy), the API server at
-    /// the relay.
-    fn write_proxy_kubeconfig(&self, api_relay: SocketAddr) -> Result<(), Error> {
+    /// its bridge address.
+    fn write_proxy_kubeconfig(&self) -> Result<(), Error> {
+        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
         command_output(
             Command::new(&self.state.binaries.control_plane)
                 .arg("kubeconfig")
@@ -419,17 +430,18 @@ impl Cluster {
                 .arg(self.state_dir.join("control-plane"))
                 .args(["--user", PROXY_USER])
                 .arg("--server")
-                .arg(format!("https://{api_relay}"))
+                .arg(format!("https://{api}"))
                 .arg("--out")
                 .arg(self.proxy_kubeconfig()),
         )?;
         Ok(())
     }
 
-    /// A kubeconfig with a new bootstrap token and the API server at the relay, written by
-    /// the real `control-plane token create --write-kubeconfig` (the token is never printed):
-    /// what node agents join with under TLS bootstrap.
-    fn write_bootstrap_kubeconfig(&self, spec: &Spec, api_relay: SocketAddr) -> Result<(), Error> {
+    /// A kubeconfig with a new bootstrap token and the API server at its bridge address,
+    /// written by the real `control-plane token create --write-kubeconfig` (the token is
+    /// never printed): what node agents join with under TLS bootstrap.
+    fn write_bootstrap_kubeconfig(&self, spec: &Spec) -> Result<(), Error> {
+        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
         command_output(
             Command::new(&spec.binaries.control_plane)
                 .args(["token", "create", "--kubeconfig"])
@@ -437,7 +449,7 @@ impl Cluster {
                 .arg("--write-kubeconfig")
                 .arg(self.bootstrap_kubeconfig())
                 .arg("--server")
-                .arg(format!("https://{api_relay}")),
+                .arg(format!("https://{api}")),
         )?;
         Ok(())
     }

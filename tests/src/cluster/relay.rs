@@ -1,7 +1,6 @@
-//! A TCP relay: the control plane and the registry listen on loopback only, and nodes in
-//! their own network namespaces reach them at the host bridge's address through it, which
-//! keeps both services off every other interface of the machine. The relay copies bytes:
-//! TLS runs end to end between the nodes and the API server.
+//! A TCP relay: the local registry listens on loopback only (it has no authentication), and
+//! nodes in their own network namespaces reach it at the host bridge's address through the
+//! relay, which keeps it off every other interface of the machine. The relay copies bytes.
 
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
