@@ -355,14 +355,25 @@ impl LeaderElector {
         o.at = at;
     }
 
-    /// Gives the lease up (holder cleared, 1 s duration) so a standby takes it at once.
+    /// Gives the lease up (holder cleared, 1 s duration) so a standby takes it at once. A
+    /// write that crossed ours (a renewal still in flight when the term ended) is a
+    /// conflict: read again and retry, a few times.
     async fn release(&self) {
+        for _ in 0..3 {
+            if !self.try_release().await {
+                return;
+            }
+        }
+    }
+
+    /// One attempt; true when it met a conflict and is worth retrying.
+    async fn try_release(&self) -> bool {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await else {
-            return;
+            return false;
         };
         let old = Record::of(&lease);
         if old.holder != self.config.identity {
-            return;
+            return false;
         }
         let now = Timestamp::now();
         let released = Record {
@@ -378,9 +389,14 @@ impl LeaderElector {
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => tracing::info!(lease = %self.config.name, "lease released"),
+            Ok(_) => {
+                tracing::info!(lease = %self.config.name, "lease released");
+                false
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => true,
             Err(e) => {
-                tracing::warn!(lease = %self.config.name, error = %e, "releasing the lease failed")
+                tracing::warn!(lease = %self.config.name, error = %e, "releasing the lease failed");
+                false
             }
         }
     }
