@@ -6,7 +6,7 @@ use node::agent::{AgentConfig, RunningAgent};
 use node::containerd::RuntimeSettings;
 use node::layout::Layout;
 use node::names::NodeName;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -68,6 +68,17 @@ enum Command {
         /// to reach it at another address).
         #[arg(long, default_value = "127.0.0.1:5000")]
         insecure_registry: Vec<String>,
+        /// The cluster DNS servers pods with dnsPolicy ClusterFirst use (comma-separated;
+        /// none: they get the host's resolv.conf, as the kubelet).
+        #[arg(long, value_delimiter = ',')]
+        cluster_dns: Vec<IpAddr>,
+        /// The cluster domain of the pods' search path.
+        #[arg(long, default_value = "cluster.local")]
+        cluster_domain: String,
+        /// The host's resolver configuration, for dnsPolicy Default and hostNetwork pods
+        /// ("" for none).
+        #[arg(long, default_value = "/etc/resolv.conf")]
+        resolv_conf: PathBuf,
     },
     /// Remove everything a stopped agent left on this machine: its pods, its containerd's
     /// state, its bridge and cgroups (the agent itself leaves pods running on exit).
@@ -104,6 +115,9 @@ async fn main() -> Result<()> {
             client_ca_file,
             pause_image,
             insecure_registry,
+            cluster_dns,
+            cluster_domain,
+            resolv_conf,
         } => {
             let api_tls =
                 node::server::ApiTls::read(&tls_cert_file, &tls_private_key_file, &client_ca_file)?;
@@ -139,6 +153,12 @@ async fn main() -> Result<()> {
             config.node_ip = node_ip;
             config.eviction_hard = eviction_hard;
             config.listen = listen;
+            config.dns = node::pod::dns::DnsSettings {
+                cluster_dns,
+                cluster_domain,
+                host: node::pod::dns::ResolvConf::read(&resolv_conf)
+                    .with_context(|| format!("reading {}", resolv_conf.display()))?,
+            };
             let agent = RunningAgent::start(config, client).await?;
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -746,3 +746,61 @@ async fn host_network_pods_use_the_node_address() {
     let body = http_get(&format!("127.0.0.1:{port}"), "/").await.unwrap();
     assert!(body.starts_with("pod=hostnet"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pods_resolv_conf_follows_its_dns_policy() {
+    use node::pod::dns::{DnsSettings, ResolvConf};
+    let dns = DnsSettings {
+        cluster_dns: vec!["10.96.0.10".parse().unwrap()],
+        cluster_domain: "cluster.local".into(),
+        host: ResolvConf::parse("nameserver 192.0.2.53\nsearch corp.example\n"),
+    };
+    let node = TestNode::start_with_dns("resolv", dns).await;
+    let cluster_first = pod(json!({
+        "metadata": {"name": "cf", "namespace": "shop"},
+        "spec": {"containers": [{"name": "echo", "image": ECHO_IMAGE}]}
+    }));
+    let none = pod(json!({
+        "metadata": {"name": "none"},
+        "spec": {"dnsPolicy": "None", "dnsConfig": {
+            "nameservers": ["192.0.2.1"], "searches": ["a.example"],
+            "options": [{"name": "ndots", "value": "2"}]},
+            "containers": [{"name": "echo", "image": ECHO_IMAGE}]}
+    }));
+    let _h1 = node.spawn(&cluster_first);
+    let _h2 = node.spawn(&none);
+    let read = |p: &k8s_openapi::api::core::v1::Pod| {
+        let s = node.wait_status(&uid(p), "Running", T, |s| phase(s) == "Running");
+        let node = &node;
+        async move {
+            let (code, out) = exec(node, &s, "echo", &["/echo", "cat", "/etc/resolv.conf"]).await;
+            assert_eq!(code, 0, "{out}");
+            out
+        }
+    };
+    let conf = ResolvConf::parse(&read(&cluster_first).await);
+    assert_eq!(
+        conf,
+        ResolvConf {
+            nameservers: vec!["10.96.0.10".into()],
+            searches: [
+                "shop.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local",
+                "corp.example"
+            ]
+            .map(String::from)
+            .to_vec(),
+            options: vec!["ndots:5".into()],
+        }
+    );
+    let conf = ResolvConf::parse(&read(&none).await);
+    assert_eq!(
+        conf,
+        ResolvConf {
+            nameservers: vec!["192.0.2.1".into()],
+            searches: vec!["a.example".into()],
+            options: vec!["ndots:2".into()],
+        }
+    );
+}

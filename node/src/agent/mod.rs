@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub eviction_hard: pressure::Thresholds,
     /// How often the machine is sampled for them (the kubelet's housekeeping: 10 s).
     pub pressure_interval: Duration,
+    /// The pods' DNS: cluster DNS servers and domain, the host's resolv.conf.
+    pub dns: crate::pod::dns::DnsSettings,
 }
 
 impl AgentConfig {
@@ -82,6 +84,10 @@ impl AgentConfig {
             status_interval: Duration::from_secs(60),
             eviction_hard: pressure::Thresholds::default(),
             pressure_interval: Duration::from_secs(10),
+            dns: crate::pod::dns::DnsSettings {
+                cluster_domain: "cluster.local".into(),
+                ..Default::default()
+            },
         }
     }
 }
@@ -201,6 +207,7 @@ impl RunningAgent {
             }),
             reporter: Arc::new(reporter),
             timing: config.timing.clone(),
+            dns: config.dns.clone(),
         });
         let index: pods::PodIndex = Default::default();
         let pods = Arc::new(tokio::sync::Mutex::new(pods::Pods::new(

@@ -10,6 +10,7 @@
 mod atomic_dir;
 pub mod backoff;
 mod container;
+pub mod dns;
 pub mod env;
 pub mod events;
 mod image;
@@ -130,6 +131,8 @@ pub struct NodeContext {
     pub objects: Arc<dyn Objects>,
     pub reporter: Arc<dyn Reporter>,
     pub timing: Timing,
+    /// The pods' resolv.conf inputs (cluster DNS, domain, the host's).
+    pub dns: dns::DnsSettings,
 }
 
 /// The current time as an API timestamp.

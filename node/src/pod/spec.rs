@@ -119,6 +119,7 @@ pub fn sandbox_config(pod: &Pod, ctx: &NodeContext, attempt: u32) -> cri::PodSan
             attempt,
         }),
         hostname,
+        dns_config: Some(super::dns::dns_config(pod, &ctx.dns)),
         port_mappings,
         log_directory: log_dir.to_string_lossy().into_owned(),
         labels: pod_labels(pod),

@@ -213,6 +213,11 @@ pub struct TestNode {
 
 impl TestNode {
     pub async fn start(tag: &str) -> TestNode {
+        TestNode::start_with_dns(tag, Default::default()).await
+    }
+
+    /// A node whose pods get their resolv.conf from `dns`.
+    pub async fn start_with_dns(tag: &str, dns: node::pod::dns::DnsSettings) -> TestNode {
         let rt = TestRuntime::start(tag).await;
         let collector = Arc::new(Collector::default());
         let objects = Arc::new(TestObjects::default());
@@ -224,6 +229,7 @@ impl TestNode {
             objects: objects.clone(),
             reporter: collector.clone(),
             timing: test_timing(),
+            dns,
         });
         TestNode {
             rt,
