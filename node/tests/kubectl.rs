@@ -362,7 +362,6 @@ impl Drop for KubectlProxy {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_proxy_reaches_pods_services_and_the_node() {
-    use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
     use control_plane::controllers::{ControllerName, Settings};
 
     let c = Cluster::start("proxy").await;
@@ -383,22 +382,14 @@ async fn kubectl_proxy_reaches_pods_services_and_the_node() {
         .await
         .unwrap();
     // The Endpoints controller, for services/proxy.
-    let token = tokio_util::sync::CancellationToken::new();
-    let _controllers = ControllerManager::start(
+    let _controllers = common::controllers(
         c.client.clone(),
-        ManagerConfig {
-            settings: Settings {
-                enabled: [ControllerName::Endpoints].into(),
-                ..Settings::default()
-            },
-            leader_election: None,
-            ops_listen: None,
+        Settings {
+            enabled: [ControllerName::Endpoints].into(),
+            ..Settings::default()
         },
-        token.clone(),
     )
-    .await
-    .unwrap();
-    let _stop = token.drop_guard();
+    .await;
     c.wait_pod("web", "web Running and Ready", running_ready)
         .await;
     let k = Kubectl::new(&c.kubeconfig(), &c.scratch());

@@ -162,7 +162,7 @@ struct TwoNodes {
     b: NodeProc,
     server: Option<RunningServer>,
     client: Client,
-    _identity: common::IdentityControllers,
+    _identity: common::Controllers,
     _bridge: HostBridge,
     _link: SubnetLease,
     _dir: tempfile::TempDir,

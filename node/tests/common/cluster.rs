@@ -22,7 +22,7 @@ pub struct Cluster {
     agent: Option<RunningAgent>,
     pub config: AgentConfig,
     subnet: skiff_tests::subnet::SubnetLease,
-    _identity: super::IdentityControllers,
+    _identity: super::Controllers,
     dir: tempfile::TempDir,
 }
 

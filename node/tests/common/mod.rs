@@ -396,37 +396,23 @@ pub async fn http_get(addr: &str, path: &str) -> Result<String, String> {
     }
 }
 
-/// The serviceaccount and root-ca-cert-publisher controllers of a real controller manager,
-/// as a cluster runs them: every namespace gets its `default` ServiceAccount and the
-/// `kube-root-ca.crt` ConfigMap, which the projected token volume the ServiceAccount
-/// admission plugin gives every pod reads. Stopped on drop.
-pub struct IdentityControllers {
+/// Controllers of a real controller manager (no leader election), stopped on drop.
+pub struct Controllers {
     _manager: control_plane::controllers::manager::ControllerManager,
     _stop: tokio_util::sync::DropGuard,
 }
 
-pub async fn identity_controllers(
+/// Starts `enabled` controllers against the API server `client` reaches.
+pub async fn controllers(
     client: kube::Client,
-    kubeconfig: &std::path::Path,
-) -> IdentityControllers {
+    settings: control_plane::controllers::Settings,
+) -> Controllers {
     use control_plane::controllers::manager::{ControllerManager, ManagerConfig};
-    use control_plane::controllers::{rootcacertpublisher, ControllerName, Settings};
-    let root_ca = rootcacertpublisher::load(None, kubeconfig)
-        .unwrap()
-        .expect("the test API server serves TLS, so its kubeconfig names a CA");
     let token = tokio_util::sync::CancellationToken::new();
     let manager = ControllerManager::start(
         client,
         ManagerConfig {
-            settings: Settings {
-                enabled: [
-                    ControllerName::ServiceAccount,
-                    ControllerName::RootCaCertPublisher,
-                ]
-                .into(),
-                root_ca: Some(root_ca),
-                ..Settings::default()
-            },
+            settings,
             leader_election: None,
             ops_listen: None,
         },
@@ -434,8 +420,34 @@ pub async fn identity_controllers(
     )
     .await
     .unwrap();
-    IdentityControllers {
+    Controllers {
         _manager: manager,
         _stop: token.drop_guard(),
     }
+}
+
+/// The serviceaccount and root-ca-cert-publisher controllers, as a cluster runs them: every
+/// namespace gets its `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap, which
+/// the projected token volume the ServiceAccount admission plugin gives every pod reads.
+pub async fn identity_controllers(
+    client: kube::Client,
+    kubeconfig: &std::path::Path,
+) -> Controllers {
+    use control_plane::controllers::{rootcacertpublisher, ControllerName, Settings};
+    let root_ca = rootcacertpublisher::load(None, kubeconfig)
+        .unwrap()
+        .expect("the test API server serves TLS, so its kubeconfig names a CA");
+    controllers(
+        client,
+        Settings {
+            enabled: [
+                ControllerName::ServiceAccount,
+                ControllerName::RootCaCertPublisher,
+            ]
+            .into(),
+            root_ca: Some(root_ca),
+            ..Settings::default()
+        },
+    )
+    .await
 }
