@@ -43,6 +43,12 @@ pub struct Netlink {
     seq: u32,
 }
 
+/// The routing protocol number skiff's node agent marks its routes with (`ip route show
+/// proto 83`; 83 is unassigned in iproute2's rt_protos). The kernel keeps it with the route,
+/// so an agent that restarts finds the routes an earlier run installed and removes those no
+/// Node asks for any more, without touching routes anyone else made.
+pub const SKIFF_ROUTE_PROTOCOL: u8 = 83;
+
 /// Large enough for any datagram the kernel sends to a dump (it caps them at 32 KiB).
 const RECV_BUFFER: usize = 64 * 1024;
 
@@ -58,7 +64,7 @@ impl Netlink {
     /// `ip route replace <dst> via <via>`: adds the route or replaces the one to `dst`.
     pub fn replace_route(&mut self, dst: Ipv4Net, via: Ipv4Addr) -> Result<(), NetlinkError> {
         let mut m = route_to(dst);
-        m.header.protocol = RouteProtocol::Boot;
+        m.header.protocol = RouteProtocol::Other(SKIFF_ROUTE_PROTOCOL);
         m.header.scope = RouteScope::Universe;
         m.header.kind = RouteType::Unicast;
         m.attributes
@@ -89,6 +95,36 @@ impl Netlink {
                 what: format!("ip route del {dst}"),
                 source,
             })
+    }
+
+    /// `ip route show table main proto 83`: the destinations of the IPv4 routes this node
+    /// agent (an earlier run included) installed.
+    pub fn skiff_routes(&mut self) -> Result<Vec<Ipv4Net>, NetlinkError> {
+        let mut m = RouteMessage::default();
+        m.header.address_family = AddressFamily::Inet;
+        let answers = self
+            .request(RouteNetlinkMessage::GetRoute(m), NLM_F_DUMP)
+            .map_err(|source| NetlinkError {
+                what: format!("ip route show proto {SKIFF_ROUTE_PROTOCOL}"),
+                source,
+            })?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|a| match a {
+                RouteNetlinkMessage::NewRoute(r)
+                    if r.header.table == RouteHeader::RT_TABLE_MAIN
+                        && r.header.protocol == RouteProtocol::Other(SKIFF_ROUTE_PROTOCOL) =>
+                {
+                    r.attributes.iter().find_map(|a| match a {
+                        RouteAttribute::Destination(RouteAddress::Inet(d)) => {
+                            Ipv4Net::new(*d, r.header.destination_prefix_length).ok()
+                        }
+                        _ => None,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
     }
 
     /// `ip link delete dev <name>`; returns whether the link existed.
@@ -322,6 +358,8 @@ mod tests {
             );
             nl.replace_route(dst, Ipv4Addr::new(10, 9, 0, 2)).unwrap();
             assert_eq!(gateways(&mut nl, dst), [Ipv4Addr::new(10, 9, 0, 2)]);
+            // Marked as skiff's; the bridge's own (kernel) route is not.
+            assert_eq!(nl.skiff_routes().unwrap(), [dst]);
             // Replacing is idempotent and moves the gateway.
             nl.replace_route(dst, Ipv4Addr::new(10, 9, 0, 2)).unwrap();
             nl.replace_route(dst, Ipv4Addr::new(10, 9, 0, 3)).unwrap();
@@ -329,6 +367,7 @@ mod tests {
 
             nl.delete_route(dst).unwrap();
             assert!(gateways(&mut nl, dst).is_empty());
+            assert!(nl.skiff_routes().unwrap().is_empty());
             let e = nl.delete_route(dst).unwrap_err();
             assert_eq!(e.errno(), Some(libc::ESRCH), "{e}");
 

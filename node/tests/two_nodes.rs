@@ -64,6 +64,9 @@ struct NodeProc {
     ip: String,
     data_dir: PathBuf,
     child: Option<Child>,
+    /// The agent's arguments and log, to start it again (`restart_after`).
+    args: Vec<std::ffi::OsString>,
+    log: PathBuf,
     ns: NetNs,
     _veth: Veth,
     _cidr: SubnetLease,
@@ -92,9 +95,8 @@ impl NodeProc {
         let data_dir = dir.join(name);
         let pki = dir.join(format!("{name}-pki"));
         let tls = common::cluster::serving_tls_files(&api_dir, name, &[ip, name], &pki);
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-        let mut cmd = ns.command(env!("CARGO_BIN_EXE_node"));
-        cmd.args([
+        let log = dir.join(format!("{name}.log"));
+        let mut args: Vec<std::ffi::OsString> = [
             "run",
             "--name",
             name,
@@ -102,37 +104,69 @@ impl NodeProc {
             ip,
             "--listen",
             "127.0.0.1:0",
-        ])
-        .args(&tls)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .args([
-            "--pause-image",
-            &settings().sandbox_image,
-            "--insecure-registry",
-            &registry,
-        ])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-        let child = cmd.spawn().expect("starting the node agent");
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        args.extend(tls.iter().map(Into::into));
+        args.extend(["--kubeconfig".into(), kubeconfig.as_os_str().to_owned()]);
+        args.extend(["--data-dir".into(), data_dir.as_os_str().to_owned()]);
+        args.extend(
+            [
+                "--pause-image",
+                &settings().sandbox_image,
+                "--insecure-registry",
+                &registry,
+            ]
+            .iter()
+            .map(Into::into),
+        );
+        let child = spawn_agent(&ns, &args, &log);
         NodeProc {
             name: name.into(),
             ip: ip.into(),
             data_dir,
             child: Some(child),
+            args,
+            log,
             ns,
             _veth: veth,
             _cidr: subnet::lease(),
         }
     }
 
+    /// Kills the agent with `signal` (SIGKILL: a crash that cleans nothing up), runs `meanwhile`,
+    /// and starts it again with the same arguments and data dir.
+    fn restart_after(&mut self, signal: i32, meanwhile: impl FnOnce()) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(c.id() as i32, signal) };
+            let _ = c.wait();
+        }
+        meanwhile();
+        self.child = Some(spawn_agent(&self.ns, &self.args, &self.log));
+    }
+
     fn cri(&self) -> Cri {
         Cri::new(&self.data_dir.join("containerd/containerd.sock"))
     }
+}
+
+/// Starts a node agent in `ns`, appending to `log`.
+fn spawn_agent(ns: &NetNs, args: &[std::ffi::OsString], log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    ns.command(env!("CARGO_BIN_EXE_node"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting the node agent")
 }
 
 impl Drop for NodeProc {
@@ -250,7 +284,7 @@ async fn ready_pod(pods: &Api<Pod>, name: &str) -> Pod {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_on_one_node_reaches_a_pod_on_the_other() {
-    let c = two_nodes().await;
+    let mut c = two_nodes().await;
     let nodes: Api<Node> = Api::all(c.client.clone());
     for n in [&c.a, &c.b] {
         wait_until_async(&format!("{} registered", n.name), T, || {
@@ -320,5 +354,63 @@ async fn a_pod_on_one_node_reaches_a_pod_on_the_other() {
     assert!(
         route.contains(&format!("via {}", c.b.ip)),
         "node a routes b's pods via b: {route}"
+    );
+
+    // A third node (an object only: its InternalIP on the link, nobody behind it) gets a
+    // route on a; deleted while a's agent is down (killed: no clean-up), the restarted agent
+    // finds the route it installed earlier (skiff's route protocol) and removes it, and keeps
+    // the route to b.
+    let ghost = format!("ng{}", std::process::id());
+    // Any address on the link will do: it is only a gateway.
+    let ghost_ip = format!("{}.9", c.b.ip.rsplit_once('.').unwrap().0);
+    let ghost_cidr = "10.250.77.0/24";
+    let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": ghost},
+        "spec": {"podCIDR": ghost_cidr, "podCIDRs": [ghost_cidr]}}))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let status = json!({"status": {"addresses": [{"type": "InternalIP",
+        "address": ghost_ip}]}});
+    nodes
+        .patch_status(&ghost, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let ns_a = &c.a.ns;
+    wait_until_async("a routes the third node's pods", T, || async {
+        let r = ns_a.ip(&["route", "show", ghost_cidr, "proto", "83"]);
+        if r.contains("via") {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    })
+    .await;
+    let (client, ghost2) = (c.client.clone(), ghost.clone());
+    c.a.restart_after(libc::SIGKILL, move || {
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async move {
+                let nodes: Api<Node> = Api::all(client);
+                nodes.delete(&ghost2, &Default::default()).await.unwrap();
+            })
+        })
+    });
+    let ns_a = &c.a.ns;
+    wait_until_async(
+        "the restarted agent removes the gone node's route",
+        T,
+        || async {
+            let r = ns_a.ip(&["route", "show", ghost_cidr]);
+            if r.trim().is_empty() {
+                Ok(())
+            } else {
+                Err(r)
+            }
+        },
+    )
+    .await;
+    let route = c.a.ns.ip(&["route", "show", c.b._cidr.cidr()]);
+    assert!(
+        route.contains(&format!("via {}", c.b.ip)),
+        "the route to a node that still exists stays: {route}"
     );
 }

@@ -453,13 +453,23 @@ async fn node_watch(
 ) {
     let api: Api<Node> = Api::all(client);
     let mut stream = watcher(api, watcher::Config::default()).boxed();
+    // The names of a (re)list in progress: at its end, routes of nodes not in it go.
+    let mut listed: HashSet<String> = HashSet::new();
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
             _ = stop.cancelled() => return,
         };
         let Some(event) = event else { return };
+        if let Ok(watcher::Event::InitApply(n)) = &event {
+            listed.insert(n.metadata.name.clone().unwrap_or_default());
+        }
         match event {
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitDone) => routes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .resync(&std::mem::take(&mut listed)),
             Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
                 if n.metadata.name.as_deref() == Some(me.as_str()) {
                     if let Some(cidr) = pod_cidr(&n) {
@@ -481,7 +491,6 @@ async fn node_watch(
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(n.metadata.name.as_deref().unwrap_or_default());
             }
-            Ok(_) => {}
             Err(e) => warn!(error = %e, "node watch"),
         }
     }

@@ -1,12 +1,19 @@
 //! Routes to other nodes' pod CIDRs, learned by watching Nodes: `<podCIDR> via <InternalIP>`
 //! in the agent's network namespace, so pods on different nodes reach each other directly
 //! (no encapsulation, no NAT). Nodes that share this network namespace need no route.
+//!
+//! Every (re)list of the Nodes ends in [`Routes::resync`]: entries for nodes the list no
+//! longer has are dropped (a deletion missed while the watch was down), and any route marked
+//! with skiff's protocol that no node asks for is deleted (one an earlier run of the agent
+//! installed for a node deleted while it was stopped). Between lists the work per event is
+//! one node's route.
 
 use crate::cni::Cidr;
 use crate::names::NodeName;
 use crate::netlink::Netlink;
+use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::Node;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use tracing::{info, warn};
 
@@ -79,6 +86,36 @@ impl Routes {
     pub fn remove(&mut self, name: &str) {
         if let Some(old) = self.installed.remove(name) {
             self.delete(old.cidr);
+        }
+    }
+
+    /// After a (re)list of all Nodes (`listed`: their names): forgets nodes that are gone
+    /// and deletes every skiff-marked route in the namespace that no listed node wants.
+    pub fn resync(&mut self, listed: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .installed
+            .keys()
+            .filter(|n| !listed.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            info!(node = %name, "node gone while the watch relisted: removing its route");
+            self.remove(&name);
+        }
+        let wanted: HashSet<Ipv4Net> = self.installed.values().map(|r| r.cidr.net()).collect();
+        let Some(nl) = self.netlink() else { return };
+        let stale = match nl.skiff_routes() {
+            Ok(found) => found.into_iter().filter(|d| !wanted.contains(d)),
+            Err(e) => {
+                warn!(error = %e, "listing the routes to nodes' pods");
+                return;
+            }
+        };
+        for dst in stale.collect::<Vec<_>>() {
+            info!(cidr = %dst, "removing a route to pods of a node that no longer exists");
+            if let Err(e) = nl.delete_route(dst) {
+                warn!(error = %e, "removing a stale route to a node's pods");
+            }
         }
     }
 
