@@ -19,6 +19,8 @@ pub mod cri;
 pub mod layout;
 pub mod metrics;
 pub mod names;
-pub mod netlink;
+/// Routes, links and addresses through rtnetlink (the skiff-netlink crate, shared with the
+/// cluster launcher).
+pub use skiff_netlink as netlink;
 pub mod pod;
 pub mod server;

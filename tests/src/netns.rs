@@ -73,12 +73,9 @@ impl NetNs {
             )));
         }
         let ns = NetNs::open(name)?;
-        let up = Command::new("ip")
-            .args(["-n", name, "link", "set", "lo", "up"])
-            .status()?;
-        if !up.success() {
-            return Err(std::io::Error::other(format!("{name}: loopback up failed")));
-        }
+        skiff_netlink::Netlink::open_in(&ns.file)?
+            .set_up("lo")
+            .map_err(|e| std::io::Error::other(format!("{name}: {e}")))?;
         Ok(ns)
     }
 
@@ -99,6 +96,11 @@ impl NetNs {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The namespace's file (for setns, or netlink requests that name a namespace).
+    pub fn fd(&self) -> &File {
+        &self.file
     }
 
     /// `ip -n <ns> <args>`; panics on failure.

@@ -579,7 +579,7 @@ impl Cluster {
                     .map(str::to_string)
                     .ok_or_else(|| "no podCIDR yet".to_string())
             })?;
-            network::route_via(&cidr, node.ip, &self.state.bridge)?;
+            network::route_via(&cidr, node.ip)?;
             self.state.nodes[i].pod_cidr = Some(cidr);
             self.save()?;
         }

@@ -7,11 +7,15 @@
 //!
 //! Every host-global name derives from the cluster and node names, so a cluster made by
 //! `cargo xtask up` and clusters of end-to-end tests live side by side.
+//!
+//! Links, addresses and routes are rtnetlink requests (skiff-netlink, as the node agent
+//! makes them), not `ip` commands.
 
-use super::{command_output, Error};
+use super::Error;
 use crate::netns::NetNs;
+use ipnet::Ipv4Net;
+use skiff_netlink::{Netlink, NetlinkError};
 use std::net::Ipv4Addr;
-use std::process::Command;
 
 /// FNV-1a: stable names from names (interface names allow 15 bytes).
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -43,6 +47,11 @@ pub struct Subnet(pub [u8; 3]);
 impl Subnet {
     pub fn host(&self) -> Ipv4Addr {
         self.addr(1)
+    }
+
+    /// The host's address with the subnet's prefix (`A.B.C.1/24`).
+    pub fn host_address(&self) -> Ipv4Net {
+        Ipv4Net::new(self.host(), 24).expect("24 is a valid prefix")
     }
 
     /// The address of the `i`-th node (0-based).
@@ -80,15 +89,19 @@ impl std::str::FromStr for Subnet {
     }
 }
 
-fn ip(args: &[&str]) -> Result<String, Error> {
-    command_output(Command::new("ip").args(args))
+impl From<NetlinkError> for Error {
+    fn from(e: NetlinkError) -> Error {
+        Error::new(e.to_string())
+    }
+}
+
+/// A netlink socket in the caller's (the host's) network namespace.
+fn host() -> Result<Netlink, Error> {
+    Netlink::open().map_err(|e| Error::new(format!("opening a netlink socket: {e}")))
 }
 
 fn link_exists(name: &str) -> bool {
-    Command::new("ip")
-        .args(["link", "show", name])
-        .output()
-        .is_ok_and(|o| o.status.success())
+    host().is_ok_and(|mut nl| nl.link_index(name).is_ok_and(|i| i.is_some()))
 }
 
 /// Creates the bridge with the host's address of `subnet`.
@@ -98,23 +111,20 @@ pub fn create_bridge(name: &str, subnet: Subnet) -> Result<(), Error> {
             "bridge {name} exists already (run `down` first)"
         )));
     }
-    ip(&["link", "add", name, "type", "bridge"])?;
-    ip(&["addr", "add", &format!("{}/24", subnet.host()), "dev", name])?;
-    ip(&["link", "set", name, "up"])?;
+    let mut nl = host()?;
+    nl.add_bridge(name)?;
+    nl.add_address(name, subnet.host_address())?;
+    nl.set_up(name)?;
     Ok(())
 }
 
-/// Routes `cidr` on the host through `via` on `bridge` (replacing a route already there).
-pub fn route_via(cidr: &str, via: Ipv4Addr, bridge: &str) -> Result<(), Error> {
-    ip(&[
-        "route",
-        "replace",
-        cidr,
-        "via",
-        &via.to_string(),
-        "dev",
-        bridge,
-    ])?;
+/// Routes `cidr` on the host through `via` (on the bridge, the link to `via`), replacing a
+/// route already there; protocol `boot`, as `ip route replace` marks it.
+pub fn route_via(cidr: &str, via: Ipv4Addr) -> Result<(), Error> {
+    let dst: Ipv4Net = cidr
+        .parse()
+        .map_err(|e| Error::new(format!("{cidr}: not a CIDR: {e}")))?;
+    host()?.replace_route_proto(dst, via, 3)?;
     Ok(())
 }
 
@@ -126,28 +136,21 @@ pub fn create_node(
     address: Ipv4Addr,
 ) -> Result<NetNs, Error> {
     let ns = NetNs::create_kept(netns).map_err(|e| Error::new(e.to_string()))?;
-    ip(&[
-        "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns,
-    ])?;
-    ip(&["link", "set", veth, "master", bridge])?;
-    ip(&["link", "set", veth, "up"])?;
-    let n = |args: &[&str]| -> Result<String, Error> {
-        let mut all = vec!["-n", netns];
-        all.extend_from_slice(args);
-        ip(&all)
-    };
-    n(&["addr", "add", &format!("{address}/24"), "dev", "eth0"])?;
-    n(&["link", "set", "eth0", "up"])?;
+    let mut nl = host()?;
+    nl.add_veth(veth, "eth0", ns.fd())?;
+    nl.set_master(veth, bridge)?;
+    nl.set_up(veth)?;
+    let mut inside = Netlink::open_in(ns.fd())
+        .map_err(|e| Error::new(format!("a netlink socket in {netns}: {e}")))?;
+    let address = Ipv4Net::new(address, 24).expect("24 is a valid prefix");
+    inside.add_address("eth0", address)?;
+    inside.set_up("eth0")?;
     Ok(ns)
 }
 
 /// Removes a link if it exists (deleting one end of a veth removes both).
 pub fn delete_link(name: &str) -> bool {
-    link_exists(name)
-        && Command::new("ip")
-            .args(["link", "del", name])
-            .status()
-            .is_ok_and(|s| s.success())
+    host().is_ok_and(|mut nl| nl.delete_link(name).unwrap_or(false))
 }
 
 /// Removes a namespace if it exists (its end of the veth goes with it).

@@ -1,17 +1,23 @@
-//! The node agent's changes to the host network, as rtnetlink requests (netlink-sys sockets,
-//! netlink-packet-route messages) instead of running the `ip` command: routes to other nodes'
-//! pod CIDRs, deleting the node's bridge, and the node's default address.
+//! skiff's changes to the host network, as rtnetlink requests (netlink-sys sockets,
+//! netlink-packet-route messages) instead of running the `ip` command. The node agent: routes
+//! to other nodes' pod CIDRs (marked with [`SKIFF_ROUTE_PROTOCOL`] so a restarted agent finds
+//! its own), deleting the node's bridge, the node's default address. The cluster launcher:
+//! the host bridge, each node's veth pair into its network namespace, addresses, links up,
+//! host routes to the nodes' pod networks.
 //!
 //! The requests are synchronous: each is one datagram and its acknowledgement, answered by
-//! the kernel at once, and the callers (the node watch under a lock, cleanup in `Drop`) are
-//! not async. A socket is opened in the caller's network namespace, which is the agent's.
+//! the kernel at once, and the callers (the node watch under a lock, cleanup in `Drop`, the
+//! launcher's set-up) are not async, so rtnetlink's async handle would add a runtime for
+//! nothing. A socket works in the network namespace it was opened in: the caller's
+//! ([`Netlink::open`]) or a given one ([`Netlink::open_in`]).
 
 use ipnet::Ipv4Net;
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
     NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkFlags, LinkInfo};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -20,6 +26,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsFd, AsRawFd};
 
 /// A failed netlink request: what was asked (in `ip`'s words, for the logs) and why.
 #[derive(Debug, thiserror::Error)]
@@ -61,10 +68,35 @@ impl Netlink {
         Ok(Netlink { socket, seq: 0 })
     }
 
-    /// `ip route replace <dst> via <via>`: adds the route or replaces the one to `dst`.
+    /// Opens a rtnetlink socket in the network namespace `ns` (an open /run/netns/<name> or
+    /// /proc/<pid>/ns/net): a thread enters it to create the socket, which keeps working
+    /// there from any thread.
+    pub fn open_in(ns: &impl AsFd) -> io::Result<Netlink> {
+        let ns = ns.as_fd().try_clone_to_owned()?;
+        std::thread::spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(io::Error::from)?;
+            Netlink::open()
+        })
+        .join()
+        .map_err(|_| io::Error::other("the thread opening a netlink socket panicked"))?
+    }
+
+    /// `ip route replace <dst> via <via> proto 83`: adds the route or replaces the one to
+    /// `dst`, marked as the node agent's.
     pub fn replace_route(&mut self, dst: Ipv4Net, via: Ipv4Addr) -> Result<(), NetlinkError> {
+        self.replace_route_proto(dst, via, SKIFF_ROUTE_PROTOCOL)
+    }
+
+    /// `ip route replace <dst> via <via> proto <protocol>` (3, `boot`, is what `ip` sets).
+    pub fn replace_route_proto(
+        &mut self,
+        dst: Ipv4Net,
+        via: Ipv4Addr,
+        protocol: u8,
+    ) -> Result<(), NetlinkError> {
         let mut m = route_to(dst);
-        m.header.protocol = RouteProtocol::Other(SKIFF_ROUTE_PROTOCOL);
+        m.header.protocol = RouteProtocol::from(protocol);
         m.header.scope = RouteScope::Universe;
         m.header.kind = RouteType::Unicast;
         m.attributes
@@ -125,6 +157,116 @@ impl Netlink {
                 _ => None,
             })
             .collect())
+    }
+
+    /// `ip link show <name>`'s index, or None when there is no such link.
+    pub fn link_index(&mut self, name: &str) -> Result<Option<u32>, NetlinkError> {
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        match self.request(RouteNetlinkMessage::GetLink(m), NLM_F_ACK) {
+            Ok(answers) => Ok(answers.into_iter().find_map(|a| match a {
+                RouteNetlinkMessage::NewLink(l) => Some(l.header.index),
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(source) => Err(NetlinkError {
+                what: format!("ip link show {name}"),
+                source,
+            }),
+        }
+    }
+
+    /// `ip link add <name> type bridge`.
+    pub fn add_bridge(&mut self, name: &str) -> Result<(), NetlinkError> {
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.into()));
+        m.attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+                InfoKind::Bridge,
+            )]));
+        self.new_link(m, format!("ip link add {name} type bridge"))
+    }
+
+    /// `ip link add <name> type veth peer name <peer> netns <ns>`: a veth pair whose `peer`
+    /// end is created in the network namespace `ns`.
+    pub fn add_veth(&mut self, name: &str, peer: &str, ns: &impl AsFd) -> Result<(), NetlinkError> {
+        let mut other = LinkMessage::default();
+        other.attributes.push(LinkAttribute::IfName(peer.into()));
+        other
+            .attributes
+            .push(LinkAttribute::NetNsFd(ns.as_fd().as_raw_fd()));
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.into()));
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(other))),
+        ]));
+        self.new_link(
+            m,
+            format!("ip link add {name} type veth peer name {peer} netns <fd>"),
+        )
+    }
+
+    /// `ip link set <name> up`.
+    pub fn set_up(&mut self, name: &str) -> Result<(), NetlinkError> {
+        let mut m = LinkMessage::default();
+        m.header.flags = LinkFlags::Up;
+        m.header.change_mask = LinkFlags::Up;
+        m.attributes.push(LinkAttribute::IfName(name.into()));
+        self.set_link(m, format!("ip link set {name} up"))
+    }
+
+    /// `ip link set <name> master <bridge>`.
+    pub fn set_master(&mut self, name: &str, bridge: &str) -> Result<(), NetlinkError> {
+        let what = format!("ip link set {name} master {bridge}");
+        let index = self.link_index(bridge)?.ok_or_else(|| NetlinkError {
+            what: what.clone(),
+            source: io::Error::from_raw_os_error(libc::ENODEV),
+        })?;
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.into()));
+        m.attributes.push(LinkAttribute::Controller(index));
+        self.set_link(m, what)
+    }
+
+    /// `ip addr add <address> dev <name>` (the address with its prefix, e.g. 10.0.0.1/24).
+    pub fn add_address(&mut self, name: &str, address: Ipv4Net) -> Result<(), NetlinkError> {
+        let what = format!("ip addr add {address} dev {name}");
+        let index = self.link_index(name)?.ok_or_else(|| NetlinkError {
+            what: what.clone(),
+            source: io::Error::from_raw_os_error(libc::ENODEV),
+        })?;
+        let mut a = AddressMessage::default();
+        a.header.family = AddressFamily::Inet;
+        a.header.prefix_len = address.prefix_len();
+        a.header.index = index;
+        a.attributes
+            .push(AddressAttribute::Local(address.addr().into()));
+        a.attributes
+            .push(AddressAttribute::Address(address.addr().into()));
+        self.request(
+            RouteNetlinkMessage::NewAddress(a),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .map(drop)
+        .map_err(|source| NetlinkError { what, source })
+    }
+
+    /// Creates a link (fails if one of that name exists).
+    fn new_link(&mut self, m: LinkMessage, what: String) -> Result<(), NetlinkError> {
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .map(drop)
+        .map_err(|source| NetlinkError { what, source })
+    }
+
+    /// Changes an existing link, found by the name in `m`.
+    fn set_link(&mut self, m: LinkMessage, what: String) -> Result<(), NetlinkError> {
+        self.request(RouteNetlinkMessage::SetLink(m), NLM_F_ACK)
+            .map(drop)
+            .map_err(|source| NetlinkError { what, source })
     }
 
     /// `ip link delete dev <name>`; returns whether the link existed.
@@ -258,7 +400,6 @@ fn global_ipv4(m: &AddressMessage) -> Option<(u32, Ipv4Addr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_route::link::{InfoKind, LinkFlags, LinkInfo};
 
     /// Runs `f` on a thread of its own in a new, empty network namespace (the test needs
     /// root, as the node crate's tests do), so the host's routes are never touched.
@@ -271,44 +412,13 @@ mod tests {
         .unwrap()
     }
 
-    /// A bridge `name` (no ports), up, with `addr/24` (fixtures through the same socket; the
-    /// dummy driver may be absent).
+    /// A bridge `name` (no ports), up, with `addr/24`, made through the public requests.
     fn bridge(nl: &mut Netlink, name: &str, addr: Ipv4Addr) -> u32 {
-        let mut link = LinkMessage::default();
-        link.header.flags = LinkFlags::Up;
-        link.header.change_mask = LinkFlags::Up;
-        link.attributes.push(LinkAttribute::IfName(name.into()));
-        link.attributes
-            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
-                InfoKind::Bridge,
-            )]));
-        nl.request(RouteNetlinkMessage::NewLink(link), NLM_F_ACK | NLM_F_CREATE)
+        nl.add_bridge(name).unwrap();
+        nl.set_up(name).unwrap();
+        nl.add_address(name, Ipv4Net::new(addr, 24).unwrap())
             .unwrap();
-        let index = nl
-            .request(
-                RouteNetlinkMessage::GetLink(LinkMessage::default()),
-                NLM_F_DUMP,
-            )
-            .unwrap()
-            .into_iter()
-            .find_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l)
-                    if l.attributes.contains(&LinkAttribute::IfName(name.into())) =>
-                {
-                    Some(l.header.index)
-                }
-                _ => None,
-            })
-            .unwrap();
-        let mut a = AddressMessage::default();
-        a.header.family = AddressFamily::Inet;
-        a.header.prefix_len = 24;
-        a.header.index = index;
-        a.attributes.push(AddressAttribute::Local(addr.into()));
-        a.attributes.push(AddressAttribute::Address(addr.into()));
-        nl.request(RouteNetlinkMessage::NewAddress(a), NLM_F_ACK | NLM_F_CREATE)
-            .unwrap();
-        index
+        nl.link_index(name).unwrap().unwrap()
     }
 
     /// The gateways of the main table's routes to `dst`.
@@ -374,6 +484,56 @@ mod tests {
             assert!(nl.delete_link("skt0").unwrap());
             assert!(!nl.delete_link("skt0").unwrap());
             assert_eq!(nl.first_global_ipv4().unwrap(), None);
+        });
+    }
+
+    #[test]
+    fn a_veth_pair_into_another_namespace_joins_a_bridge() {
+        in_new_netns(|| {
+            let mut host = Netlink::open().unwrap();
+            assert_eq!(host.link_index("skb0").unwrap(), None);
+            bridge(&mut host, "skb0", Ipv4Addr::new(10, 9, 1, 1));
+            let e = host.add_bridge("skb0").unwrap_err();
+            assert_eq!(e.errno(), Some(libc::EEXIST), "{e}");
+
+            // The node's namespace: a second one, made by a thread of this namespace.
+            let node_ns = std::thread::spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                std::fs::File::open("/proc/thread-self/ns/net").unwrap()
+            })
+            .join()
+            .unwrap();
+            host.add_veth("skv0", "eth0", &node_ns).unwrap();
+            host.set_master("skv0", "skb0").unwrap();
+            host.set_up("skv0").unwrap();
+            assert!(host.link_index("skv0").unwrap().is_some());
+            assert_eq!(
+                host.link_index("eth0").unwrap(),
+                None,
+                "the peer is elsewhere"
+            );
+
+            let mut node = Netlink::open_in(&node_ns).unwrap();
+            assert!(node.link_index("eth0").unwrap().is_some());
+            node.add_address("eth0", "10.9.1.2/24".parse().unwrap())
+                .unwrap();
+            node.set_up("eth0").unwrap();
+            assert_eq!(
+                node.first_global_ipv4().unwrap(),
+                Some(Ipv4Addr::new(10, 9, 1, 2))
+            );
+            // A route through the node, as the launcher's host routes, not marked as skiff's.
+            let dst: Ipv4Net = "10.251.3.0/26".parse().unwrap();
+            host.replace_route_proto(dst, Ipv4Addr::new(10, 9, 1, 2), 3)
+                .unwrap();
+            assert_eq!(gateways(&mut host, dst), [Ipv4Addr::new(10, 9, 1, 2)]);
+            assert!(host.skiff_routes().unwrap().is_empty());
+
+            let e = host.set_master("skv0", "nosuch").unwrap_err();
+            assert_eq!(e.errno(), Some(libc::ENODEV), "{e}");
+            // Deleting one end removes both.
+            assert!(host.delete_link("skv0").unwrap());
+            assert_eq!(node.link_index("eth0").unwrap(), None);
         });
     }
 }
