@@ -256,7 +256,7 @@ fn attempts(dir: &std::path::Path) -> Vec<PathBuf> {
 
 /// CRI log lines (`<time> <stream> <P|F> <text>`) as the text a user wrote, joining partial
 /// lines; with `timestamps` each line keeps its time prefix.
-pub fn parse_cri_log(raw: &str, timestamps: bool) -> Vec<String> {
+pub fn parse_cri_log(raw: &str, timestamps: bool, flush_partial: bool) -> Vec<String> {
     let mut out = Vec::new();
     let mut partial = String::new();
     for line in raw.lines() {
@@ -274,6 +274,11 @@ pub fn parse_cri_log(raw: &str, timestamps: bool) -> Vec<String> {
         if tag != "P" {
             out.push(std::mem::take(&mut partial));
         }
+    }
+    // Output that ended without a newline (`cat` of a file that has none) is the runtime's
+    // last partial line: shown, as the kubelet does; a follower waits for the rest instead.
+    if !partial.is_empty() && flush_partial {
+        out.push(partial);
     }
     out
 }
@@ -316,7 +321,7 @@ async fn logs(
         .find(|(k, _)| k == "tailLines")
         .and_then(|(_, v)| v.parse().ok());
     let raw = tokio::fs::read_to_string(&file).await.unwrap_or_default();
-    let lines = parse_cri_log(&raw, timestamps);
+    let lines = parse_cri_log(&raw, timestamps, true);
     let start = tail.map_or(0, |n| lines.len().saturating_sub(n));
     let mut first = String::new();
     for l in &lines[start..] {
@@ -349,7 +354,7 @@ async fn logs(
                     if let Some(end) = new.rfind('\n') {
                         offset += end as u64 + 1;
                         let mut chunk = String::new();
-                        for l in parse_cri_log(&new[..=end], timestamps) {
+                        for l in parse_cri_log(&new[..=end], timestamps, false) {
                             chunk.push_str(&l);
                             chunk.push('\n');
                         }
@@ -476,6 +481,7 @@ fn container_id(
                     .iter()
                     .flatten()
                     .chain(st.init_container_statuses.iter().flatten())
+                    .chain(st.ephemeral_container_statuses.iter().flatten())
             })
             .find(|c| c.name == container)
             .and_then(|c| c.container_id.as_deref())
@@ -619,8 +625,14 @@ mod tests {
     #[test]
     fn cri_log_lines() {
         let raw = "2024-01-01T00:00:00.1Z stdout F hello\n2024-01-01T00:00:00.2Z stderr P par\n2024-01-01T00:00:00.3Z stderr F tial\n2024-01-01T00:00:00.4Z stdout F \n";
-        assert_eq!(parse_cri_log(raw, false), ["hello", "partial", ""]);
-        assert_eq!(parse_cri_log(raw, true)[0], "2024-01-01T00:00:00.1Z hello");
+        assert_eq!(parse_cri_log(raw, false, true), ["hello", "partial", ""]);
+        assert_eq!(
+            parse_cri_log(raw, true, true)[0],
+            "2024-01-01T00:00:00.1Z hello"
+        );
+        let unterminated = "2024-01-01T00:00:00.1Z stdout P /echo\0serve\0\n";
+        assert_eq!(parse_cri_log(unterminated, false, true), ["/echo\0serve\0"]);
+        assert!(parse_cri_log(unterminated, false, false).is_empty());
     }
 
     #[test]

@@ -470,3 +470,126 @@ async fn kubectl_proxy_reaches_pods_services_and_the_node() {
     });
     assert!(status.contains(" 301 "), "{status}");
 }
+
+/// The state of ephemeral container `name` in a pod's status.
+fn ephemeral_state(p: &k8s_openapi::api::core::v1::Pod, name: &str) -> Option<String> {
+    let s = p
+        .status
+        .as_ref()?
+        .ephemeral_container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)?
+        .state
+        .clone()?;
+    Some(if s.running.is_some() {
+        "running".into()
+    } else if let Some(t) = s.terminated {
+        format!("terminated:{}", t.exit_code)
+    } else {
+        "waiting".into()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_debug_adds_ephemeral_containers() {
+    let c = Cluster::start("debug").await;
+    c.assign_pod_cidr().await;
+    c.create_pod(
+        "web",
+        json!({"containers": [{"name": "echo", "image": ECHO_IMAGE}]}),
+    )
+    .await;
+    c.wait_pod("web", "web Running and Ready", running_ready)
+        .await;
+    let k = Kubectl::new(&c.kubeconfig(), &c.scratch());
+
+    // An ephemeral container targeting the app container sees its processes: its PID 1 is
+    // the echo server, not the debugger's own command.
+    kubectl_ok(
+        &k,
+        &[
+            "debug",
+            "web",
+            "--image",
+            ECHO_IMAGE,
+            "--target=echo",
+            "--container=dbg",
+            "--",
+            "/echo",
+            "cat",
+            "/proc/1/cmdline",
+        ],
+    );
+    let p = c
+        .wait_pod("web", "dbg ran to completion", |p| {
+            ephemeral_state(p, "dbg").as_deref() == Some("terminated:0")
+        })
+        .await;
+    assert!(running_ready(&p), "the pod keeps running: {:?}", p.status);
+    let pid1 = kubectl_ok(&k, &["logs", "web", "-c", "dbg"]);
+    assert!(
+        pid1.starts_with("/echo") && !pid1.contains("cat"),
+        "PID 1 seen from the debugger is the target's: {pid1:?}"
+    );
+
+    // Interactive: kubectl waits for the container to run, then attaches to it; what it
+    // sends reaches the debugger's stdin (its `cat -` writes it to the container's log;
+    // kubectl debug leaves stdin open, so the debugger keeps running), and exec reaches it.
+    let attached = tokio::task::block_in_place(|| {
+        k.run_with_stdin(
+            &[
+                "debug",
+                "-i",
+                "web",
+                "--image",
+                ECHO_IMAGE,
+                "--container=dbg2",
+                "--",
+                "/echo",
+                "cat",
+                "-",
+            ],
+            "typed into the debugger\n",
+        )
+    });
+    assert!(attached.success, "{attached:?}");
+    wait_until("the typed line in dbg2's log", T, || {
+        let log = kubectl(&k, &["logs", "web", "-c", "dbg2"]).stdout;
+        if log.contains("typed into the debugger") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    let p = c
+        .wait_pod("web", "dbg2 running", |p| {
+            ephemeral_state(p, "dbg2").as_deref() == Some("running")
+        })
+        .await;
+    assert_eq!(
+        p.status
+            .unwrap()
+            .ephemeral_container_statuses
+            .unwrap()
+            .len(),
+        2
+    );
+    let own = kubectl_ok(
+        &k,
+        &[
+            "exec",
+            "web",
+            "-c",
+            "dbg2",
+            "--",
+            "/echo",
+            "cat",
+            "/proc/1/cmdline",
+        ],
+    );
+    assert!(
+        own.contains("cat"),
+        "dbg2 has its own PID namespace: {own:?}"
+    );
+}

@@ -145,6 +145,9 @@ pub struct ContainerWorker {
     started: bool,
     /// Dead attempts still in the runtime (the newest is kept for `logs --previous`).
     dead: VecDeque<String>,
+    /// An ephemeral container's target: the runtime id of the container whose process
+    /// namespace it joins, set by the pod worker before it starts.
+    pub target_id: Option<String>,
 }
 
 fn time_from_nanos(n: i64) -> Option<Time> {
@@ -157,7 +160,7 @@ impl ContainerWorker {
     pub fn new(kind: ContainerKind, spec: Container) -> ContainerWorker {
         let reason = match kind {
             ContainerKind::Init => WaitReason::PodInitializing,
-            ContainerKind::App => WaitReason::ContainerCreating,
+            ContainerKind::App | ContainerKind::Ephemeral => WaitReason::ContainerCreating,
         };
         ContainerWorker {
             kind,
@@ -176,6 +179,7 @@ impl ContainerWorker {
             ready: false,
             started: false,
             dead: VecDeque::new(),
+            target_id: None,
         }
     }
 
@@ -274,6 +278,8 @@ impl ContainerWorker {
             (ContainerKind::App, RestartPolicy::Always) => true,
             (ContainerKind::App, RestartPolicy::OnFailure) => exit_code != 0,
             (ContainerKind::App, RestartPolicy::Never) => false,
+            // Ephemeral containers run once (Kubernetes never restarts them).
+            (ContainerKind::Ephemeral, _) => false,
         }
     }
 
@@ -429,6 +435,7 @@ impl ContainerWorker {
                 image: image.clone(),
                 env: env_vars,
                 mounts,
+                target_id: self.target_id.clone(),
             },
         );
         let id = match cri

@@ -15,11 +15,14 @@ pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
 /// Marks init containers, so adoption tells them from app containers of the same name.
 pub const CONTAINER_KIND: &str = "io.skiff.container.kind";
 
-/// Init or app container: they run at different times and report in different lists.
+/// Init, app or ephemeral container: they run at different times and report in different
+/// lists. Ephemeral containers (`kubectl debug`) are added to a running pod and never
+/// restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ContainerKind {
     Init,
     App,
+    Ephemeral,
 }
 
 impl ContainerKind {
@@ -27,6 +30,7 @@ impl ContainerKind {
         match self {
             ContainerKind::Init => "init",
             ContainerKind::App => "app",
+            ContainerKind::Ephemeral => "ephemeral",
         }
     }
 
@@ -35,8 +39,26 @@ impl ContainerKind {
         match self {
             ContainerKind::Init => format!("spec.initContainers{{{name}}}"),
             ContainerKind::App => format!("spec.containers{{{name}}}"),
+            ContainerKind::Ephemeral => format!("spec.ephemeralContainers{{{name}}}"),
         }
     }
+}
+
+/// A pod's ephemeral containers as containers (the fields they share; the target is kept
+/// apart by the caller), with their names' targets.
+pub fn ephemeral_containers(pod: &Pod) -> Vec<(Container, Option<String>)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.ephemeral_containers.iter().flatten())
+        .filter_map(|e| {
+            let mut v = serde_json::to_value(e).ok()?;
+            let target = v
+                .as_object_mut()?
+                .remove("targetContainerName")
+                .and_then(|t| t.as_str().map(str::to_string));
+            Some((serde_json::from_value(v).ok()?, target))
+        })
+        .collect()
 }
 
 pub fn host_network(pod: &Pod) -> bool {
@@ -66,7 +88,9 @@ fn namespaces(pod: &Pod) -> cri::NamespaceOption {
         } else {
             cri::NamespaceMode::Pod
         } as i32,
-        pid: if spec
+        pid: if spec.and_then(|s| s.host_pid).unwrap_or(false) {
+            cri::NamespaceMode::Node
+        } else if spec
             .and_then(|s| s.share_process_namespace)
             .unwrap_or(false)
         {
@@ -173,6 +197,9 @@ pub struct ContainerInputs {
     pub image: String,
     pub env: Vec<(String, String)>,
     pub mounts: Vec<cri::Mount>,
+    /// An ephemeral container's target: the runtime id of the container whose process
+    /// namespace it joins (`kubectl debug --target`).
+    pub target_id: Option<String>,
 }
 
 /// The log file of one container attempt, relative to the sandbox's log directory.
@@ -213,11 +240,15 @@ pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cr
         tty: c.tty.unwrap_or(false),
         linux: Some(cri::LinuxContainerConfig {
             resources: Some(super::resources::linux_resources(c)),
-            security_context: Some(security_context(
-                pod,
-                &sc,
-                pod_sc.and_then(|p| p.run_as_user),
-            )),
+            security_context: Some({
+                let mut sc = security_context(pod, &sc, pod_sc.and_then(|p| p.run_as_user));
+                if let (Some(target), Some(ns)) = (inputs.target_id, sc.namespace_options.as_mut())
+                {
+                    ns.pid = cri::NamespaceMode::Target as i32;
+                    ns.target_id = target;
+                }
+                sc
+            }),
         }),
         ..Default::default()
     }
@@ -246,5 +277,67 @@ fn security_context(
         readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
         no_new_privs: sc.allow_privilege_escalation == Some(false),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn process_namespaces_follow_the_spec() {
+        let pid = |spec| namespaces(&pod(spec)).pid;
+        let c = serde_json::json!([{"name": "c"}]);
+        assert_eq!(
+            pid(serde_json::json!({"containers": c})),
+            cri::NamespaceMode::Container as i32
+        );
+        assert_eq!(
+            pid(serde_json::json!({"containers": c, "shareProcessNamespace": true})),
+            cri::NamespaceMode::Pod as i32
+        );
+        // `kubectl debug node/...` pods see the node's processes.
+        assert_eq!(
+            pid(serde_json::json!({"containers": c, "hostPID": true})),
+            cri::NamespaceMode::Node as i32
+        );
+    }
+
+    #[test]
+    fn an_ephemeral_container_joins_its_targets_process_namespace() {
+        let p = pod(serde_json::json!({"containers": [{"name": "app"}],
+            "ephemeralContainers": [{"name": "dbg", "image": "x", "targetContainerName": "app"},
+                                    {"name": "dbg2", "image": "x"}]}));
+        let e = ephemeral_containers(&p);
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].0.name, "dbg");
+        assert_eq!(e[0].1.as_deref(), Some("app"));
+        assert_eq!(e[1].1, None);
+        let inputs = |target_id| ContainerInputs {
+            kind: ContainerKind::Ephemeral,
+            attempt: 0,
+            image: "x".into(),
+            env: vec![],
+            mounts: vec![],
+            target_id,
+        };
+        let ns = |cfg: cri::ContainerConfig| {
+            cfg.linux
+                .and_then(|l| l.security_context)
+                .and_then(|s| s.namespace_options)
+                .unwrap()
+        };
+        let targeted = ns(container_config(&p, &e[0].0, inputs(Some("abc".into()))));
+        assert_eq!(targeted.pid, cri::NamespaceMode::Target as i32);
+        assert_eq!(targeted.target_id, "abc");
+        let own = ns(container_config(&p, &e[1].0, inputs(None)));
+        assert_eq!(own.pid, cri::NamespaceMode::Container as i32);
+        let labels = container_config(&p, &e[1].0, inputs(None)).labels;
+        assert_eq!(labels[CONTAINER_KIND], "ephemeral");
     }
 }

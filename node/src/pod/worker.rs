@@ -63,6 +63,8 @@ struct PodRuntime {
     volumes: Volumes,
     inits: Vec<ContainerWorker>,
     apps: Vec<ContainerWorker>,
+    /// `kubectl debug`'s containers, in the order the pod's spec added them.
+    ephemerals: Vec<ContainerWorker>,
     sandbox_stopped: bool,
 }
 
@@ -203,6 +205,10 @@ impl Worker {
         match kind {
             ContainerKind::Init => spec.init_containers.unwrap_or_default(),
             ContainerKind::App => spec.containers,
+            ContainerKind::Ephemeral => spec::ephemeral_containers(&self.pod)
+                .into_iter()
+                .map(|(c, _)| c)
+                .collect(),
         }
     }
 
@@ -295,6 +301,18 @@ impl Worker {
         };
         let inits = adopt(ContainerKind::Init, self.containers(ContainerKind::Init));
         let apps = adopt(ContainerKind::App, self.containers(ContainerKind::App));
+        // Ephemeral containers the runtime has; those it lacks start on the next round.
+        let ephemerals = self
+            .containers(ContainerKind::Ephemeral)
+            .into_iter()
+            .filter_map(|c| {
+                let found = statuses.remove(&(
+                    ContainerKind::Ephemeral.as_str().to_string(),
+                    c.name.clone(),
+                ))?;
+                Some(ContainerWorker::adopt(ContainerKind::Ephemeral, c, found))
+            })
+            .collect();
         let mut inits = inits;
         // Init containers the runtime no longer has but whose apps run were done already.
         if apps.iter().any(|a| a.current_id().is_some()) {
@@ -319,6 +337,7 @@ impl Worker {
             volumes,
             inits,
             apps,
+            ephemerals,
             sandbox_stopped: false,
         })
     }
@@ -376,6 +395,7 @@ impl Worker {
                     volumes,
                     inits,
                     apps,
+                    ephemerals: Vec::new(),
                     sandbox_stopped: false,
                 })
             }
@@ -430,12 +450,22 @@ impl Worker {
             for c in rt.apps.iter_mut() {
                 c.step(&env, policy).await;
             }
+            add_ephemerals(&self.pod, &rt.apps, &mut rt.ephemerals);
+            for c in rt.ephemerals.iter_mut() {
+                c.step(&env, RestartPolicy::Never).await;
+            }
         }
         self.report(&rt);
+        // Ephemeral containers never keep a pod from completing.
         if rt.apps.iter().all(|c| c.finished(policy)) {
             return State::Completed(rt);
         }
-        let due = rt.apps.iter().filter_map(ContainerWorker::next_due).min();
+        let due = rt
+            .apps
+            .iter()
+            .chain(&rt.ephemerals)
+            .filter_map(ContainerWorker::next_due)
+            .min();
         self.wait(self.until(due)).await;
         State::Running(rt)
     }
@@ -507,6 +537,7 @@ impl Worker {
                     .apps
                     .iter_mut()
                     .chain(rt.inits.iter_mut())
+                    .chain(rt.ephemerals.iter_mut())
                     .map(|c| c.kill(&env, grace, ""));
                 futures::future::join_all(kills).await;
             }
@@ -574,15 +605,17 @@ impl Worker {
             .into_iter()
             .map(|c| waiting(c.name, "ContainerCreating"))
             .collect();
-        self.publish(init, app, None);
+        self.publish(init, app, Vec::new(), None);
     }
 
     fn report(&mut self, rt: &PodRuntime) {
         let init = rt.inits.iter().map(ContainerWorker::status).collect();
         let app = rt.apps.iter().map(ContainerWorker::status).collect();
+        let ephemeral = rt.ephemerals.iter().map(ContainerWorker::status).collect();
         self.publish(
             init,
             app,
+            ephemeral,
             Some(rt.sandbox.ip.clone()).filter(|ip| !ip.is_empty()),
         );
     }
@@ -591,10 +624,11 @@ impl Worker {
         &mut self,
         init: Vec<ContainerStatus>,
         app: Vec<ContainerStatus>,
+        ephemeral: Vec<ContainerStatus>,
         pod_ip: Option<String>,
     ) {
         let spec = self.pod.spec.clone().unwrap_or_default();
-        let status = status::compute(Inputs {
+        let mut status = status::compute(Inputs {
             spec: &spec,
             init,
             app,
@@ -604,9 +638,27 @@ impl Worker {
             previous: self.last_status.as_ref(),
             now: super::now(),
         });
+        status.ephemeral_container_statuses = (!ephemeral.is_empty()).then_some(ephemeral);
         if self.last_status.as_ref() != Some(&status) {
             self.ctx.reporter.status(&self.pod_ref, &status);
             self.last_status = Some(status);
         }
+    }
+}
+
+/// Workers for the ephemeral containers the pod's spec has gained (they are only ever
+/// added), each targeting the current attempt of the app container it names, if any.
+fn add_ephemerals(pod: &Pod, apps: &[ContainerWorker], ephemerals: &mut Vec<ContainerWorker>) {
+    for (c, target) in spec::ephemeral_containers(pod) {
+        if ephemerals.iter().any(|e| e.spec.name == c.name) {
+            continue;
+        }
+        let mut w = ContainerWorker::new(ContainerKind::Ephemeral, c);
+        w.target_id = target.and_then(|t| {
+            apps.iter()
+                .find(|a| a.spec.name == t)
+                .and_then(|a| a.current_id().map(str::to_string))
+        });
+        ephemerals.push(w);
     }
 }

@@ -185,8 +185,9 @@ pub async fn attach(
     relay(ctx, call, &url, upgrade).await
 }
 
-/// The target of exec or attach: a container the pod has (init containers included), in
-/// a pod that has not completed.
+/// The target of exec or attach: a container the pod has (init and ephemeral containers
+/// included: `kubectl debug` attaches to the ephemeral one it added), in a pod that has not
+/// completed.
 async fn running_container(
     ctx: &Ctx,
     call: &Call<'_>,
@@ -194,20 +195,20 @@ async fn running_container(
     verb: &str,
 ) -> Result<Target, ApiError> {
     let target = locate(ctx, call, name).await?;
-    let containers = target
-        .pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .chain(
-            target
-                .pod
-                .pointer("/spec/initContainers")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten(),
-        );
+    let containers = [
+        "/spec/containers",
+        "/spec/initContainers",
+        "/spec/ephemeralContainers",
+    ]
+    .into_iter()
+    .flat_map(|list| {
+        target
+            .pod
+            .pointer(list)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+    });
     if !containers
         .filter_map(|c| c["name"].as_str())
         .any(|c| c == target.container)
