@@ -6,6 +6,7 @@ pub mod cidr;
 pub mod controllers;
 pub mod machinery;
 pub mod pki;
+pub mod resource_metrics;
 pub mod runtime;
 pub mod scheduler;
 pub mod store;

@@ -5,7 +5,8 @@
 //! certificates or TokenReview, then SubjectAccessReview), `metrics`, `names` and `layout` (every name and path derived from the node name and data
 //! dir), `containerd` (the supervised runtime and its generated config), `cri` (the CRI gRPC
 //! client), `cni` (pod network configuration), `netlink` (routes, links and addresses through
-//! rtnetlink), `cgroups` (cleanup of cgroup parents), `pod`
+//! rtnetlink), `cgroups` (cleanup of cgroup parents), `stats` (CPU and memory of the node, its
+//! pods and containers from cgroups, for /stats/summary and /metrics/resource), `pod`
 //! (the pod worker: a typed state machine from a Pod object to running containers and back
 //! to a PodStatus).
 
@@ -24,3 +25,4 @@ pub mod names;
 pub use skiff_netlink as netlink;
 pub mod pod;
 pub mod server;
+pub mod stats;

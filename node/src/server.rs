@@ -5,6 +5,10 @@
 //! every request is authenticated and authorized first (`api_auth`), /healthz included, as
 //! on the kubelet's port:
 //!
+//! - `GET /stats/summary` (nodes/stats): CPU and memory of the node, its pods and
+//!   containers as the kubelet's Summary API JSON; `GET /metrics/resource` (nodes/metrics):
+//!   the same as the kubelet's resource metrics in Prometheus text. Both from the last
+//!   sample of [`crate::stats`]; 503 until the first one.
 //! - `GET /containerLogs/{namespace}/{pod}/{container}?follow=&previous=&tailLines=&timestamps=`
 //!   streams the container's log (text/plain), from the CRI log files under the data dir.
 //! - `GET|POST /exec/{namespace}/{pod}/{container}?command=..&stdin=&stdout=&stderr=&tty=`
@@ -161,6 +165,7 @@ pub struct ApiState {
     pub pods: PodIndex,
     pub layout: Layout,
     pub cri: Cri,
+    pub stats: crate::stats::StatsCache,
 }
 
 /// Every route, behind authentication and authorization (`gate`), unknown paths included.
@@ -168,6 +173,8 @@ pub fn router(state: ApiState, gate: Gate) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .route("/metrics/resource", get(resource_metrics))
+        .route("/stats/summary", get(summary))
         .route("/containerLogs/{namespace}/{pod}/{container}", get(logs))
         .route("/exec/{namespace}/{pod}/{container}", get(exec).post(exec))
         .route(
@@ -188,6 +195,39 @@ async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(),
     )
+}
+
+/// The last resource sample, if one was taken yet.
+fn last_sample(s: &ApiState) -> Option<Arc<control_plane::resource_metrics::summary::Summary>> {
+    s.stats.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Before the first sample: 503.
+fn no_sample_yet() -> Response {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no resource usage sampled yet",
+    )
+}
+
+/// `GET /stats/summary` (`?only_cpu_and_memory=true` is what it always answers).
+async fn summary(State(s): State<ApiState>) -> Response {
+    match last_sample(&s) {
+        Some(summary) => axum::Json(summary.as_ref()).into_response(),
+        None => no_sample_yet(),
+    }
+}
+
+/// `GET /metrics/resource`.
+async fn resource_metrics(State(s): State<ApiState>) -> Response {
+    match last_sample(&s) {
+        Some(summary) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            crate::stats::resource_metrics(&summary),
+        )
+            .into_response(),
+        None => no_sample_yet(),
+    }
 }
 
 fn text(status: StatusCode, msg: impl Into<String>) -> Response {

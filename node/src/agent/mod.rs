@@ -60,6 +60,9 @@ pub struct AgentConfig {
     pub pressure_interval: Duration,
     /// The pods' DNS: cluster DNS servers and domain, the host's resolv.conf.
     pub dns: crate::pod::dns::DnsSettings,
+    /// How often CPU and memory are read from cgroups for /stats/summary and
+    /// /metrics/resource (the kubelet's housekeeping: 10 s).
+    pub stats_interval: Duration,
 }
 
 impl AgentConfig {
@@ -84,6 +87,7 @@ impl AgentConfig {
             status_interval: Duration::from_secs(60),
             eviction_hard: pressure::Thresholds::default(),
             pressure_interval: Duration::from_secs(10),
+            stats_interval: Duration::from_secs(10),
             dns: crate::pod::dns::DnsSettings {
                 cluster_domain: "cluster.local".into(),
                 ..Default::default()
@@ -225,12 +229,19 @@ impl RunningAgent {
 
         let gate =
             crate::api_auth::Gate::new(config.name.to_string(), client.clone(), metrics.clone());
+        let stats = crate::stats::StatsCache::default();
+        let sampler = crate::stats::Sampler::new(
+            crate::stats::CgroupFs::detect(),
+            config.name.clone(),
+            index.clone(),
+        );
         let app = crate::server::router(
             crate::server::ApiState {
                 metrics: metrics.clone(),
                 pods: index,
                 layout: layout.clone(),
                 cri: cri.clone(),
+                stats: stats.clone(),
             },
             gate,
         );
@@ -241,6 +252,12 @@ impl RunningAgent {
             clients,
             shutdown.clone(),
         ))];
+        tasks.push(tokio::spawn(crate::stats::run(
+            sampler,
+            stats,
+            config.stats_interval,
+            shutdown.clone(),
+        )));
         tasks.push(tokio::spawn(lease_loop(
             client.clone(),
             node.clone(),

@@ -112,13 +112,20 @@ impl Cluster {
     /// GET `path` on the node agent's API over HTTPS as the cluster's admin (a client
     /// certificate of the cluster CA); the whole answer, head and body.
     pub async fn kubelet_get(&self, path: &str) -> String {
+        self.kubelet_get_as(path, "kubernetes-admin", Some("system:masters"))
+            .await
+    }
+
+    /// GET `path` on the node agent's API over HTTPS with a client certificate of the
+    /// cluster CA for `user` in `group`; the whole answer, head and body.
+    pub async fn kubelet_get_as(&self, path: &str, user: &str, group: Option<&str>) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let pki = control_plane::apiserver::certs::pki_dir(&self.dir.path().join("api"));
         let ca = control_plane::pki::Ca::load(&pki.join("ca.crt"), &pki.join("ca.key")).unwrap();
         let admin = ca
             .issue(&control_plane::pki::CertSpec::client(
-                "kubernetes-admin",
-                Some("system:masters"),
+                user,
+                group,
                 Duration::from_secs(600),
             ))
             .unwrap();
