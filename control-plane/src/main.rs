@@ -257,6 +257,10 @@ struct ApiserverArgs {
     /// allowed: a baseline for benchmarks and debugging, on a loopback address only).
     #[arg(long, default_value = "Node,RBAC")]
     authorization_mode: control_plane::apiserver::authz::Mode,
+    /// Seconds between scrapes of the node agents for metrics.k8s.io (`kubectl top`);
+    /// 0: not scraped (the group is served empty).
+    #[arg(long, default_value_t = 15)]
+    metric_resolution: u64,
 }
 
 /// How to reach an etcd cluster (kube-apiserver's flags).
@@ -420,6 +424,8 @@ fn apiserver_config(a: ApiserverArgs) -> Result<Config> {
     config.api_audiences = a.api_audiences;
     config.service_account_max_token_expiration = a.service_account_max_token_expiration;
     config.authorization = a.authorization_mode;
+    config.metric_resolution =
+        (a.metric_resolution > 0).then(|| Duration::from_secs(a.metric_resolution));
     config.audit = a.audit_log_path.map(|destination| audit::Config {
         destination,
         rotation: audit::log_file::Rotation {

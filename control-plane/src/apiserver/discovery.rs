@@ -48,9 +48,10 @@ pub fn core_versions(server_address: &str) -> Value {
 }
 
 fn api_group(name: &str) -> APIGroup {
+    let version = registry::group_version(name);
     let gv = GroupVersionForDiscovery {
-        group_version: format!("{name}/v1"),
-        version: "v1".into(),
+        group_version: format!("{name}/{version}"),
+        version: version.into(),
     };
     APIGroup {
         name: name.into(),
@@ -210,7 +211,8 @@ pub fn aggregated(core: bool, version: &str) -> Value {
                 .collect();
             json!({
                 "metadata": {"name": g, "creationTimestamp": null},
-                "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}],
+                "versions": [{"version": registry::group_version(g), "resources": resources,
+                              "freshness": "Current"}],
             })
         })
         .collect();
@@ -281,6 +283,15 @@ pub fn resource_paths(r: &Resource, gv_path: &str, v2: bool) -> Vec<(String, Val
     if matches!(r.storage, Storage::None) {
         // Answered, never stored: only a create.
         return vec![(base, json!({"post": op("post", "create")}))];
+    }
+    if matches!(r.storage, Storage::Metrics) {
+        return vec![
+            (base.clone(), json!({"get": op("list", "list")})),
+            (
+                format!("{base}/{{name}}"),
+                json!({"get": op("get", "read")}),
+            ),
+        ];
     }
     vec![
         (

@@ -30,6 +30,9 @@ struct Inner {
     audit_events: Counter,
     audit_dropped: Counter,
     audit_errors: Counter,
+    metrics_scrapes: Family<Labels, Counter>,
+    metrics_rounds: Histogram,
+    metrics_nodes: Gauge,
 }
 
 impl Default for Metrics {
@@ -54,6 +57,24 @@ impl Metrics {
         let audit_events = Counter::default();
         let audit_dropped = Counter::default();
         let audit_errors = Counter::default();
+        let metrics_scrapes = Family::<Labels, Counter>::default();
+        let metrics_rounds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let metrics_nodes = Gauge::default();
+        registry.register(
+            "metrics_scrapes",
+            "Scrapes of node agents' resource metrics (metrics.k8s.io), by result (ok, error)",
+            metrics_scrapes.clone(),
+        );
+        registry.register(
+            "metrics_scrape_round_seconds",
+            "Time to scrape every Ready node once",
+            metrics_rounds.clone(),
+        );
+        registry.register(
+            "metrics_nodes",
+            "Nodes with resource metrics served (answered within the last rounds)",
+            metrics_nodes.clone(),
+        );
         registry.register(
             "audit_events",
             "Audit events queued for the audit log",
@@ -119,6 +140,9 @@ impl Metrics {
                 audit_events,
                 audit_dropped,
                 audit_errors,
+                metrics_scrapes,
+                metrics_rounds,
+                metrics_nodes,
             }),
         }
     }
@@ -135,6 +159,22 @@ impl Metrics {
             .latency
             .get_or_create(&vec![("verb", verb.to_string())])
             .observe(seconds);
+    }
+
+    /// One node agent scraped for metrics.k8s.io, with its result (ok, error).
+    pub fn metrics_scrape(&self, result: &'static str) {
+        self.inner
+            .metrics_scrapes
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    pub fn metrics_scrape_round(&self, seconds: f64) {
+        self.inner.metrics_rounds.observe(seconds);
+    }
+
+    pub fn metrics_nodes(&self, n: i64) {
+        self.inner.metrics_nodes.set(n);
     }
 
     pub fn wrote(&self, resource: &'static str, verb: &'static str) {

@@ -112,6 +112,9 @@ pub struct Config {
     pub audit: Option<audit::Config>,
     /// Which authorizers decide (AlwaysAllow only on a loopback address).
     pub authorization: authz::Mode,
+    /// How often the node agents are scraped for metrics.k8s.io (metrics-server's
+    /// `--metric-resolution`; None: the group is served empty).
+    pub metric_resolution: Option<Duration>,
 }
 
 /// How the server accepts connections.
@@ -148,6 +151,7 @@ impl Config {
             service_account_max_token_expiration: None,
             audit: None,
             authorization: authz::Mode::default(),
+            metric_resolution: Some(Duration::from_secs(15)),
         }
     }
 }
@@ -194,6 +198,8 @@ pub struct RunningServer {
     task: JoinHandle<()>,
     /// Keeps the `kubernetes` Service's endpoints (stopped before the store closes).
     reconciler: JoinHandle<()>,
+    /// Scrapes the node agents for metrics.k8s.io.
+    scraper: Option<JoinHandle<()>>,
     store: OpenStore,
     audit: audit::Sink,
 }
@@ -295,6 +301,7 @@ impl Server {
                 pki.ca.cert_pem(),
                 Some((&pki.kubelet_client.cert_pem, &pki.kubelet_client.key_pem)),
             )?,
+            metrics_api: Default::default(),
         });
         ensure_namespaces(shared.as_ref()).await?;
         let scheme = match config.transport {
@@ -338,6 +345,14 @@ impl Server {
             kubernetes_service::published_endpoint(addr, config.advertise_address),
         )
         .await;
+        let scraper = config.metric_resolution.map(|every| {
+            tokio::spawn(handlers::metrics_api::run(
+                ctx.clone(),
+                ctx.metrics_api.clone(),
+                every,
+                shutdown.clone(),
+            ))
+        });
         let task = tokio::spawn(http::serve(listener, ctx, transport));
         tracing::info!(%addr, %scheme, kubeconfig = %kubeconfig_path.display(), "API server serving");
         Ok(RunningServer {
@@ -348,6 +363,7 @@ impl Server {
             shutdown,
             task,
             reconciler,
+            scraper,
             store,
             audit,
         })
@@ -404,6 +420,9 @@ impl RunningServer {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = self.reconciler.await;
+        if let Some(scraper) = self.scraper {
+            let _ = scraper.await;
+        }
         let _ = self.task.await;
         let audit = self.audit;
         let _ = tokio::task::spawn_blocking(move || audit.flush()).await;

@@ -104,6 +104,9 @@ pub enum Storage {
     /// Nowhere: a create is answered at once and nothing is kept (access and token
     /// reviews). The only verb is `create`.
     None,
+    /// Resource metrics (metrics.k8s.io), scraped from the node agents and kept in memory;
+    /// the verbs are `get` and `list`.
+    Metrics,
 }
 
 /// How a resource's OpenAPI schema is made: its component name and its schema, which
@@ -129,6 +132,9 @@ const fn schema<K: schemars::JsonSchema>() -> Schema {
 
 /// The verbs of a resource that answers creates without storing anything.
 const CREATE_ONLY: &[&str] = &["create"];
+
+/// The verbs of metrics.k8s.io (no watch, as metrics-server).
+const READ_ONLY: &[&str] = &["get", "list"];
 
 /// The verbs of a stored resource (and of Kubernetes' "read-write" rules).
 pub const VERBS: &[&str] = &[
@@ -163,6 +169,7 @@ impl Resource {
     pub fn verbs(&self) -> &'static [&'static str] {
         match self.storage {
             Storage::None => CREATE_ONLY,
+            Storage::Metrics => READ_ONLY,
             Storage::Own | Storage::View(_) => VERBS,
         }
     }
@@ -171,7 +178,7 @@ impl Resource {
     pub fn stored_as(&self) -> Option<&'static Conversion> {
         match self.storage {
             Storage::View(c) => Some(c),
-            Storage::Own | Storage::None => None,
+            Storage::Own | Storage::None | Storage::Metrics => None,
         }
     }
 
@@ -831,6 +838,38 @@ pub static RESOURCES: &[Resource] = &[
         storage: Storage::Own,
         schema: schema::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(),
     },
+    Resource {
+        group: "metrics.k8s.io",
+        version: "v1beta1",
+        kind: "NodeMetrics",
+        plural: "nodes",
+        singular: "",
+        scope: Scope::Cluster,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Metrics,
+        schema: schema::<crate::resource_metrics::api::NodeMetrics>(),
+    },
+    Resource {
+        group: "metrics.k8s.io",
+        version: "v1beta1",
+        kind: "PodMetrics",
+        plural: "pods",
+        singular: "",
+        scope: Scope::Namespaced,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Keep,
+        storage: Storage::Metrics,
+        schema: schema::<crate::resource_metrics::api::PodMetrics>(),
+    },
 ];
 
 /// The groups in discovery order, each with its versions (only v1 today).
@@ -842,6 +881,14 @@ pub fn groups() -> Vec<&'static str> {
         }
     }
     out
+}
+
+/// The version a group is served at (each group has one).
+pub fn group_version(group: &str) -> &'static str {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group)
+        .map_or("v1", |r| r.version)
 }
 
 /// The resource at `group/version/plural`.

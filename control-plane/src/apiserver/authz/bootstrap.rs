@@ -567,6 +567,16 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 r(READ_WRITE, &["coordination.k8s.io"], &["leases"]),
             ],
         ),
+        // Kubernetes' metrics-server installs this one; skiff serves metrics.k8s.io itself.
+        cluster_role(
+            "system:aggregated-metrics-reader",
+            &[
+                (AGGREGATE_TO_VIEW, "true"),
+                (AGGREGATE_TO_EDIT, "true"),
+                (AGGREGATE_TO_ADMIN, "true"),
+            ],
+            vec![r(&["get", "list"], &["metrics.k8s.io"], &["nodes", "pods"])],
+        ),
         cluster_role(
             "system:aggregate-to-view",
             &[(AGGREGATE_TO_VIEW, "true")],

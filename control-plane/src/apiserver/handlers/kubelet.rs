@@ -113,7 +113,7 @@ pub(super) async fn kubelet_of_pod(ctx: &Ctx, pod: &Value, name: &str) -> Result
 
 /// `https://<address>:<port>` of a Node's kubelet API: its InternalIP (else ExternalIP, else
 /// Hostname) and the port it publishes in status.daemonEndpoints.
-pub(super) fn kubelet_of(node: &Value) -> Option<String> {
+pub(crate) fn kubelet_of(node: &Value) -> Option<String> {
     let addresses = node
         .pointer("/status/addresses")
         .and_then(Value::as_array)?;

@@ -5,8 +5,9 @@
 mod authentication;
 mod certificates;
 mod delete;
-mod kubelet;
-mod proxy;
+pub(super) mod kubelet;
+pub(super) mod metrics_api;
+pub(super) mod proxy;
 mod proxy_subresource;
 mod read;
 mod reviews;
@@ -61,6 +62,8 @@ pub struct Ctx {
     /// How the API server calls node agents: their serving certificates checked against the
     /// cluster CA, its own `kube-apiserver-kubelet-client` certificate presented.
     pub kubelet_tls: Arc<rustls::ClientConfig>,
+    /// metrics.k8s.io: what the last scrape of the node agents said.
+    pub metrics_api: Arc<metrics_api::MetricsStore>,
 }
 
 impl Ctx {
@@ -194,6 +197,9 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
             "{} is not namespaced",
             r.plural
         )));
+    }
+    if matches!(r.storage, Storage::Metrics) {
+        return metrics_api::serve(ctx, &call).await;
     }
     if matches!(r.storage, Storage::None) {
         return match (call.method, &call.path.name, &call.path.subresource) {

@@ -68,6 +68,46 @@ pub async fn stream_get(tls: &Arc<rustls::ClientConfig>, url: &str) -> Result<Re
     Ok(out)
 }
 
+/// GETs `url` on a node agent and returns the whole body (at most `limit` bytes); an
+/// answer other than 2xx is the error it says.
+pub async fn get_body(
+    tls: &Arc<rustls::ClientConfig>,
+    url: &str,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| ApiError::internal(format!("kubelet URL {url}: {e}")))?;
+    let (io, authority) = dial(&uri, tls).await?;
+    let unreachable = |e: &dyn std::fmt::Display| {
+        ApiError::unavailable(format!("the node agent did not answer ({url}): {e}"))
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let conn = tokio::spawn(conn);
+    let req = Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(header::HOST, authority)
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| ApiError::internal(format!("kubelet request: {e}")))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let status = resp.status();
+    if !status.is_success() {
+        conn.abort();
+        return Err(kubelet_error(status, &read_limited(resp).await));
+    }
+    let body = Limited::new(resp.into_body(), limit)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| unreachable(&e));
+    conn.abort();
+    body
+}
+
 /// A byte stream to a node agent, or to the streaming server it redirects to.
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}

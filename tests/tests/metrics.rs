@@ -1,0 +1,182 @@
+//! Resource metrics end to end on a cluster of two nodes (the library `cargo xtask up`
+//! uses: the control plane and node agents as processes, real containerd) with the real
+//! kubectl: `kubectl top nodes` lists both nodes; `kubectl top pods` shows a pod burning CPU
+//! above an idle one; `--containers`, `-A` and label selectors; the `view` role (through
+//! system:aggregated-metrics-reader) may read metrics, an unprivileged user gets 403.
+//!
+//! Needs the daemons built (`cargo build -p control-plane -p node -p proxy`, which
+//! `cargo xtask test` does) and the images in the local registry (`cargo xtask images`).
+
+use skiff_tests::cluster::{Cluster, Spec};
+use skiff_tests::e2e::binaries;
+use skiff_tests::kubectl::Kubectl;
+use skiff_tests::netns::unique_name;
+use skiff_tests::registry::{require_images, ECHO_IMAGE};
+use skiff_tests::{subnet, wait_until};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Node agents sample every 10 s and the API server scrapes every 15 s: a figure that moves
+/// shows within a minute on an idle machine; loaded CI machines get more.
+const T: Duration = Duration::from_secs(180);
+
+/// `kubectl top ... --no-headers` rows as their columns.
+fn rows(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .filter(|r: &Vec<String>| !r.is_empty())
+        .collect()
+}
+
+/// Millicores from `kubectl top`'s CPU column (`125m`, or whole cores `2`).
+fn millicores(cpu: &str) -> Option<u64> {
+    match cpu.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => cpu.parse::<u64>().ok().map(|c| c * 1000),
+    }
+}
+
+fn create_pod(k: &Kubectl, name: &str, node: &str, containers: serde_json::Value) {
+    let manifest = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": containers}
+    });
+    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
+    assert!(r.success, "creating {name}: {}", r.stderr);
+}
+
+#[test]
+fn kubectl_top_shows_nodes_pods_and_containers() {
+    require_images();
+    let lease = subnet::lease();
+    let name = unique_name("top");
+    let dir = std::env::temp_dir().join(&name);
+    let spec = Spec::new(&name, 2, &dir, lease.cidr().parse().unwrap(), binaries());
+    eprintln!("cluster {name} in {}", dir.display());
+    let c = Cluster::up(spec).unwrap_or_else(|e| panic!("cluster up: {e}"));
+    let k = c.kubectl();
+    let (node1, node2) = (
+        c.state().nodes[0].name.clone(),
+        c.state().nodes[1].name.clone(),
+    );
+
+    // The burner fetches from its own server in a loop; the idle pod sleeps, on the other
+    // node (so both nodes have pods in their cgroups).
+    create_pod(
+        &k,
+        "burn",
+        &node1,
+        serde_json::json!([
+            {"name": "web", "image": ECHO_IMAGE},
+            {"name": "burner", "image": ECHO_IMAGE,
+             "command": ["/echo", "fetch", "http://127.0.0.1:8080/", "--count", "1000000000"]}
+        ]),
+    );
+    create_pod(
+        &k,
+        "idle",
+        &node2,
+        serde_json::json!([{"name": "sleep", "image": ECHO_IMAGE,
+                            "command": ["/echo", "sleep", "0"]}]),
+    );
+    k.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/burn",
+        "pod/idle",
+        "--timeout=120s",
+    ]);
+
+    // Discovery lists the group at v1beta1, as kubectl top looks for it.
+    let groups = k.ok(&["api-versions"]);
+    assert!(groups.contains("metrics.k8s.io/v1beta1"), "{groups}");
+
+    let nodes = wait_until("kubectl top nodes shows both nodes", T, || {
+        let r = k.run(&["top", "nodes", "--no-headers"]);
+        let rows = rows(&r.stdout);
+        let known = |n: &str| {
+            rows.iter()
+                .any(|r| r[0] == n && r.len() >= 5 && millicores(&r[1]).is_some())
+        };
+        if r.success && known(&node1) && known(&node2) {
+            Ok(rows)
+        } else {
+            Err(format!("{}{}", r.stdout, r.stderr))
+        }
+    });
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+
+    let cpu = wait_until("the burner's CPU above the idle pod's", T, || {
+        let r = k.run(&["top", "pods", "--no-headers"]);
+        let cpu: BTreeMap<String, u64> = rows(&r.stdout)
+            .into_iter()
+            .filter_map(|r| Some((r.first()?.clone(), millicores(r.get(1)?)?)))
+            .collect();
+        match (cpu.get("burn"), cpu.get("idle")) {
+            (Some(&b), Some(&i)) if b > i && b >= 20 => Ok(cpu),
+            _ => Err(format!("{}{}", r.stdout, r.stderr)),
+        }
+    });
+    eprintln!("CPU (millicores): {cpu:?}");
+
+    // Per container: both of the burner's, each with CPU and memory.
+    let containers = rows(&k.ok(&["top", "pod", "burn", "--containers", "--no-headers"]));
+    let mut names: Vec<&str> = containers.iter().map(|r| r[1].as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["burner", "web"], "{containers:?}");
+    assert!(containers
+        .iter()
+        .all(|r| r[0] == "burn" && millicores(&r[2]).is_some() && r[3].ends_with("Mi")));
+
+    // Every namespace; a label selector.
+    let all = k.ok(&["top", "pods", "-A", "--no-headers"]);
+    assert!(
+        rows(&all)
+            .iter()
+            .any(|r| r[0] == "default" && r[1] == "burn"),
+        "{all}"
+    );
+    let selected = rows(&k.ok(&["top", "pods", "-l", "app=idle", "--no-headers"]));
+    assert_eq!(selected.len(), 1, "{selected:?}");
+    assert_eq!(selected[0][0], "idle");
+
+    // The API as metrics-server serves it: a PodMetrics by name, watch refused.
+    let pod = c
+        .api_get("/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/burn")
+        .unwrap();
+    assert_eq!(pod["kind"], "PodMetrics");
+    assert!(pod["containers"][0]["usage"]["cpu"].is_string(), "{pod}");
+    let watch = k.run(&[
+        "get",
+        "--raw",
+        "/apis/metrics.k8s.io/v1beta1/pods?watch=true",
+    ]);
+    assert!(!watch.success, "{}", watch.stdout);
+
+    // RBAC: nobody is refused; the view role reads metrics (aggregated from
+    // system:aggregated-metrics-reader).
+    let scratch = dir.join("scratch");
+    let nobody = Kubectl::new(&c.user_kubeconfig("top-nobody", None).unwrap(), &scratch);
+    let denied = nobody.fails(&["top", "pods"]);
+    assert!(
+        denied.contains("forbidden") || denied.contains("Forbidden"),
+        "{denied}"
+    );
+    k.ok(&[
+        "create",
+        "rolebinding",
+        "viewer",
+        "--clusterrole=view",
+        "--user=top-viewer",
+    ]);
+    let viewer = Kubectl::new(&c.user_kubeconfig("top-viewer", None).unwrap(), &scratch);
+    wait_until("the view role reads pod metrics", T, || {
+        let r = viewer.run(&["top", "pods", "--no-headers"]);
+        if r.success && r.stdout.contains("burn") {
+            Ok(())
+        } else {
+            Err(r.stderr)
+        }
+    });
+}
