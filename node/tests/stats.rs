@@ -60,9 +60,14 @@ async fn stats_summary_and_resource_metrics_follow_a_cpu_burner() {
         let (Some(b), Some(i)) = (pod(&s, "burn"), pod(&s, "idle")) else {
             return Err(format!("pods missing: {answer}"));
         };
+        // The agent learns its containers' ids from the pod's status as the watch brings
+        // it back: wait for both.
+        let containers = b.containers.iter().filter(|c| c.cpu.is_some()).count();
         match (nano_cores(b), nano_cores(i)) {
-            (Some(b), Some(i)) if b > i && b > 10_000_000 => Ok(s),
-            rates => Err(format!("rates (burn, idle) {rates:?}")),
+            (Some(b), Some(i)) if b > i && b > 10_000_000 && containers == 2 => Ok(s),
+            rates => Err(format!(
+                "rates (burn, idle) {rates:?}, {containers} containers"
+            )),
         }
     })
     .await;
