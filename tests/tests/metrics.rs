@@ -36,6 +36,30 @@ fn millicores(cpu: &str) -> Option<u64> {
     }
 }
 
+/// kubectl as `user` (a client certificate of the cluster CA) against this cluster's API
+/// server (`control-plane kubeconfig` writes the default address: this test's is another).
+fn kubectl_as(c: &Cluster, user: &str, scratch: &std::path::Path) -> Kubectl {
+    let path = c.user_kubeconfig(user, None).unwrap();
+    let admin = std::fs::read_to_string(c.kubeconfig()).unwrap();
+    let server = admin
+        .lines()
+        .find(|l| l.trim_start().starts_with("server:"))
+        .expect("the admin kubeconfig names its server");
+    let text: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("server:") {
+                server.to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+    Kubectl::new(&path, &scratch.join(user))
+}
+
 fn create_pod(k: &Kubectl, name: &str, node: &str, containers: serde_json::Value) {
     let manifest = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -157,7 +181,7 @@ fn kubectl_top_shows_nodes_pods_and_containers() {
     // RBAC: nobody is refused; the view role reads metrics (aggregated from
     // system:aggregated-metrics-reader).
     let scratch = dir.join("scratch");
-    let nobody = Kubectl::new(&c.user_kubeconfig("top-nobody", None).unwrap(), &scratch);
+    let nobody = kubectl_as(&c, "top-nobody", &scratch);
     let denied = nobody.fails(&["top", "pods"]);
     assert!(
         denied.contains("forbidden") || denied.contains("Forbidden"),
@@ -170,7 +194,7 @@ fn kubectl_top_shows_nodes_pods_and_containers() {
         "--clusterrole=view",
         "--user=top-viewer",
     ]);
-    let viewer = Kubectl::new(&c.user_kubeconfig("top-viewer", None).unwrap(), &scratch);
+    let viewer = kubectl_as(&c, "top-viewer", &scratch);
     wait_until("the view role reads pod metrics", T, || {
         let r = viewer.run(&["top", "pods", "--no-headers"]);
         if r.success && r.stdout.contains("burn") {
