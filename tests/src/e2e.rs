@@ -112,6 +112,38 @@ pub fn pod_of(reply: &str) -> String {
         .to_string()
 }
 
+/// A pod on `node` that fetches `url` `count` times (the echo image's `fetch`), which must
+/// succeed every time; its log once it has finished.
+pub fn client_pod(
+    k: &Kubectl,
+    name: &str,
+    node: &str,
+    url: &str,
+    count: u32,
+    timeout: Duration,
+) -> String {
+    let manifest = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "client"}},
+        "spec": {"nodeName": node, "restartPolicy": "Never",
+            "containers": [{"name": "fetch", "image": crate::registry::ECHO_IMAGE,
+                "command": ["/echo", "fetch", url, "--count", count.to_string()]}]}
+    });
+    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
+    assert!(r.success, "creating {name}: {}", r.stderr);
+    let phase = crate::wait::wait_until(&format!("{name} finished"), timeout, || {
+        let p = pods(k, "app=client");
+        match p.iter().find(|p| p.name == name).map(|p| p.phase.clone()) {
+            Some(phase) if phase == "Succeeded" || phase == "Failed" => Ok(phase),
+            other => Err(other),
+        }
+    });
+    let log = k.ok(&["logs", name]);
+    assert_eq!(phase, "Succeeded", "{name} failed; its log:\n{log}");
+    k.ok(&["delete", "pod", name, "--wait=false"]);
+    log
+}
+
 /// One `proxy probe http <addr> --count N` as a node-level client of node `i`: the replies
 /// (pod names) and the number of failed attempts.
 pub fn probe(c: &Cluster, i: usize, addr: &str, count: u32) -> (Vec<String>, usize) {

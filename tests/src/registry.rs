@@ -10,14 +10,26 @@ pub const ECHO_IMAGE: &str = "127.0.0.1:5000/skiff/echo:latest";
 /// The sandbox image.
 pub const PAUSE_IMAGE: &str = "127.0.0.1:5000/skiff/pause:latest";
 
+/// The service proxy (deploy/proxy.yaml's DaemonSet): see proxy/ and xtask/src/images.rs.
+pub const PROXY_IMAGE: &str = "127.0.0.1:5000/skiff/proxy:latest";
+
 /// Panics with what to run if the registry or an image is missing.
 pub fn require_images() {
+    require(&[ECHO_IMAGE, PAUSE_IMAGE]);
+}
+
+/// [`require_images`] and the proxy's image (clusters with `Spec::proxy_daemonset`).
+pub fn require_proxy_image() {
+    require(&[ECHO_IMAGE, PAUSE_IMAGE, PROXY_IMAGE]);
+}
+
+fn require(images: &[&str]) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(5)))
         .build()
         .into();
-    for image in [ECHO_IMAGE, PAUSE_IMAGE] {
+    for image in images {
         let (repo, tag) = image
             .trim_start_matches(&format!("{REGISTRY}/"))
             .split_once(':')

@@ -16,7 +16,7 @@
 //! `cargo xtask test` does) and the images in the local registry (`cargo xtask images`).
 
 use skiff_tests::cluster::{Cluster, Spec};
-use skiff_tests::e2e::{self, binaries, ips, names, pod_of, pods, LoopingClient, PodView};
+use skiff_tests::e2e::{self, binaries, ips, names, pod_of, LoopingClient, PodView};
 use skiff_tests::kubeconfig::KubeconfigAccess;
 use skiff_tests::kubectl::Kubectl;
 use skiff_tests::netns::unique_name;
@@ -79,30 +79,6 @@ fn wait_answered_by(c: &Cluster, i: usize, vip: &str, want: &BTreeSet<String>) {
             Err((got, failed))
         }
     });
-}
-
-/// A pod on `node` that fetches `url` `count` times; its log once it has finished.
-fn client_pod(k: &Kubectl, name: &str, node: &str, url: &str, count: u32) -> String {
-    let manifest = serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "client"}},
-        "spec": {"nodeName": node, "restartPolicy": "Never",
-            "containers": [{"name": "fetch", "image": ECHO_IMAGE,
-                "command": ["/echo", "fetch", url, "--count", count.to_string()]}]}
-    });
-    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
-    assert!(r.success, "creating {name}: {}", r.stderr);
-    let phase = wait_until(&format!("{name} finished"), T, || {
-        let p = pods(k, "app=client");
-        match p.iter().find(|p| p.name == name).map(|p| p.phase.clone()) {
-            Some(phase) if phase == "Succeeded" || phase == "Failed" => Ok(phase),
-            other => Err(other),
-        }
-    });
-    let log = k.ok(&["logs", name]);
-    assert_eq!(phase, "Succeeded", "{name} failed; its log:\n{log}");
-    k.ok(&["delete", "pod", name, "--wait=false"]);
-    log
 }
 
 /// Where every pod's service account files are (client-go and kube-rs read them there).
@@ -466,7 +442,7 @@ fn a_deployment_behind_a_service_on_two_nodes() {
     // 2. From a pod on the second node, through the ClusterIP: every pod answers, also
     // the ones on the first node.
     let t = Instant::now();
-    let log = client_pod(&k, "client-1", &node2, &format!("http://{vip}/"), 60);
+    let log = e2e::client_pod(&k, "client-1", &node2, &format!("http://{vip}/"), 60, T);
     mark(
         &mut table,
         "client pod on node 2: 60 requests through the ClusterIP",

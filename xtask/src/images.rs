@@ -6,6 +6,10 @@
 //! `ctr -n k8s.io images import`) under `.skiff/images/`, then pushed through the registry v2
 //! HTTP API to Debian's docker-registry on 127.0.0.1:5000, which this command starts when it
 //! is not running. Everything is deterministic (mtime 0), so a second run uploads nothing.
+//!
+//! `skiff/proxy` is the service proxy (deploy/proxy.yaml runs it as a DaemonSet); it embeds
+//! the eBPF object, so the kernel programs are built first (`cargo xtask build-ebpf`, a no-op
+//! when they are current): an image with a stale object would fail on its pinned maps.
 
 use crate::setup::{self, root};
 use anyhow::{bail, Context, Result};
@@ -39,23 +43,37 @@ const IMAGES: &[Image] = &[
         repository: "skiff/pause",
         binary: "pause",
     },
+    Image {
+        repository: "skiff/proxy",
+        binary: "proxy",
+    },
 ];
 
 /// Builds every image, starts the registry if needed and pushes; fast when nothing changed.
 pub fn all() -> Result<()> {
     let started = Instant::now();
     musl_target()?;
+    eprintln!(
+        "images: skiff/proxy embeds the eBPF object; building it first (cargo xtask build-ebpf)"
+    );
+    crate::ebpf::build().context(
+        "building the proxy's eBPF object (`cargo xtask build-ebpf`) for the skiff/proxy image",
+    )?;
     // ring (TLS in `echo webhook`) compiles a little C and assembly; they are freestanding,
     // so the host's gcc builds them for the musl target and no musl toolchain is needed.
     setup::run(
         Command::new(env!("CARGO"))
             .current_dir(root())
             .env(format!("CC_{}", MUSL.replace('-', "_")), "gcc")
+            .env("SKIFF_EBPF_OBJECT", crate::ebpf::object_path())
             .args([
                 "build",
                 "-q",
                 "-p",
                 "skiff-images",
+                "-p",
+                "proxy",
+                "--bins",
                 "--profile",
                 "image",
                 "--target",

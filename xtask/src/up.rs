@@ -1,8 +1,9 @@
 //! `cargo xtask up [--nodes N]`: a whole skiff cluster on this machine, from a fresh one:
 //! prerequisites, the eBPF object, the images in the local registry and release builds
 //! first, then the control plane, N nodes (each a network namespace on a host bridge with
-//! its node agent, containerd and eBPF service proxy) through the same library the
-//! end-to-end tests use (`skiff_tests::cluster`); each step is timed. The daemons run
+//! its node agent and containerd) and the eBPF service proxy as the DaemonSet of
+//! deploy/proxy.yaml, Ready on every node, through the same library the end-to-end tests
+//! use (`skiff_tests::cluster`, `Spec::proxy_daemonset`); each step is timed. The daemons run
 //! detached (logs in `.skiff/logs/`); `cargo xtask down` removes everything.
 //!
 //! `cargo xtask up --proxy-only`: only the service proxy, in the foreground, on a manifests
@@ -119,6 +120,10 @@ pub fn up(opts: Opts) -> Result<()> {
     // system:node:<name> through a CertificateSigningRequest (kept in the node's data dir,
     // reused when the agent restarts).
     spec.tls_bootstrap = true;
+    // The proxies are a workload: deploy/proxy.yaml (DaemonSet skiff-proxy in kube-system,
+    // its own ServiceAccount, the image `images::all` pushed above) applied through the API,
+    // with this cluster's API address, bpffs and cgroups filled in.
+    spec.proxy_daemonset();
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,
         args: vec!["relay".into()],
@@ -163,6 +168,7 @@ fn print_usage(dir: &Path, s: &State) {
     eprintln!("The cluster is up. Use it with:");
     eprintln!("  export KUBECONFIG={}", kubeconfig.display());
     eprintln!("  kubectl get nodes -o wide");
+    eprintln!("  kubectl -n kube-system get daemonset skiff-proxy   # the service proxies");
     eprintln!(
         "  kubectl create deployment echo --image=127.0.0.1:5000/skiff/echo:latest --replicas=3"
     );

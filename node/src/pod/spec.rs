@@ -222,8 +222,10 @@ pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cr
             image: inputs.image,
             ..Default::default()
         }),
-        command: c.command.clone().unwrap_or_default(),
-        args: c.args.clone().unwrap_or_default(),
+        // `$(VAR)` in command and args from the container's environment, as the kubelet
+        // expands them (a DaemonSet's `--flag=$(NODE_NAME)` from the downward API).
+        command: expand_all(c.command.as_deref(), &inputs.env),
+        args: expand_all(c.args.as_deref(), &inputs.env),
         working_dir: c.working_dir.clone().unwrap_or_default(),
         envs: inputs
             .env
@@ -252,6 +254,14 @@ pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cr
         }),
         ..Default::default()
     }
+}
+
+fn expand_all(words: Option<&[String]>, env: &[(String, String)]) -> Vec<String> {
+    words
+        .unwrap_or_default()
+        .iter()
+        .map(|w| super::env::expand(w, env))
+        .collect()
 }
 
 fn security_context(
@@ -339,5 +349,20 @@ mod tests {
         assert_eq!(own.pid, cri::NamespaceMode::Container as i32);
         let labels = container_config(&p, &e[1].0, inputs(None)).labels;
         assert_eq!(labels[CONTAINER_KIND], "ephemeral");
+    }
+
+    #[test]
+    fn command_and_args_expand_the_environment() {
+        let env = vec![("NODE_NAME".to_string(), "n1".to_string())];
+        let args = vec![
+            "--cgroup=/c/skiff-$(NODE_NAME)".to_string(),
+            "$$(NODE_NAME)".to_string(),
+            "$(UNSET)".to_string(),
+        ];
+        assert_eq!(
+            expand_all(Some(&args), &env),
+            ["--cgroup=/c/skiff-n1", "$(NODE_NAME)", "$(UNSET)"]
+        );
+        assert!(expand_all(None, &env).is_empty());
     }
 }

@@ -300,10 +300,22 @@ impl Volumes {
                 container_path: m.mount_path.clone(),
                 host_path: host.to_string_lossy().into_owned(),
                 readonly: *access == Access::ReadOnly || m.read_only.unwrap_or(false),
+                propagation: propagation(m.mount_propagation.as_deref()) as i32,
                 ..Default::default()
             });
         }
         Ok(out)
+    }
+}
+
+/// A volumeMount's mountPropagation as the CRI says it: `HostToContainer` is rslave (mounts
+/// made on the host later appear inside, as an eBPF agent's bpffs must), `Bidirectional`
+/// rshared (the API server admits it for privileged containers only), anything else private.
+fn propagation(mode: Option<&str>) -> cri::MountPropagation {
+    match mode {
+        Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
+        Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
+        _ => cri::MountPropagation::PropagationPrivate,
     }
 }
 
@@ -377,6 +389,15 @@ mod tests {
         assert_eq!(safe_join(d, "a/b"), Some(PathBuf::from("/v/a/b")));
         assert_eq!(safe_join(d, "../etc/passwd"), None);
         assert_eq!(safe_join(d, "/etc/passwd"), None);
+    }
+
+    #[test]
+    fn mount_propagation_as_the_cri_says_it() {
+        use cri::MountPropagation as P;
+        assert_eq!(propagation(Some("HostToContainer")), P::PropagationHostToContainer);
+        assert_eq!(propagation(Some("Bidirectional")), P::PropagationBidirectional);
+        assert_eq!(propagation(Some("None")), P::PropagationPrivate);
+        assert_eq!(propagation(None), P::PropagationPrivate);
     }
 
     #[test]

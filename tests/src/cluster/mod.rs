@@ -13,6 +13,7 @@
 
 pub mod network;
 pub mod process;
+pub mod proxy_daemonset;
 pub mod relay;
 pub mod state;
 
@@ -96,6 +97,20 @@ pub struct Spec {
     /// own client certificate through a CertificateSigningRequest (TLS bootstrap), instead
     /// of the admin kubeconfig.
     pub tls_bootstrap: bool,
+    /// How each node's service proxy runs.
+    pub proxy: ProxyDeployment,
+}
+
+/// How each node's service proxy runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProxyDeployment {
+    /// `proxy run` as a node-level process of each node, started by this library, with the
+    /// `system:kube-proxy` client certificate.
+    #[default]
+    Process,
+    /// deploy/proxy.yaml applied through the API (a DaemonSet in kube-system with its own
+    /// ServiceAccount; see [`proxy_daemonset`]), Ready on every node before `up` returns.
+    DaemonSet,
 }
 
 impl Spec {
@@ -116,6 +131,11 @@ impl Spec {
             "26".to_string(),
         ]);
         self.pod_routes_on_host = true;
+    }
+
+    /// The proxies as the DaemonSet of deploy/proxy.yaml instead of host processes.
+    pub fn proxy_daemonset(&mut self) {
+        self.proxy = ProxyDeployment::DaemonSet;
     }
 }
 
@@ -151,6 +171,7 @@ impl Spec {
             eviction_hard: DEV_EVICTION_HARD.to_string(),
             pod_routes_on_host: false,
             tls_bootstrap: false,
+            proxy: ProxyDeployment::Process,
         }
     }
 }
@@ -289,14 +310,80 @@ impl Cluster {
         if spec.pod_routes_on_host {
             self.step("routes from the host to the pods", |c| c.route_pods())?;
         }
-        for i in 0..n {
-            let name = spec.nodes[i].clone();
-            self.step(
-                &format!("proxy on {name}: programs attached, synced"),
-                |c| c.start_proxy(i),
-            )?;
+        match spec.proxy {
+            ProxyDeployment::Process => {
+                for i in 0..n {
+                    let name = spec.nodes[i].clone();
+                    self.step(
+                        &format!("proxy on {name}: programs attached, synced"),
+                        |c| c.start_proxy(i),
+                    )?;
+                }
+            }
+            ProxyDeployment::DaemonSet => {
+                self.step(
+                    &format!("proxy DaemonSet applied, Ready on {n} nodes"),
+                    |c| c.deploy_proxy(),
+                )?;
+            }
         }
         Ok(())
+    }
+
+    /// Applies deploy/proxy.yaml with this cluster's values ([`proxy_daemonset::manifest`])
+    /// through the API and waits until a proxy pod is Ready on every node and each node's
+    /// proxy answers /healthz (its initial sync is done).
+    fn deploy_proxy(&mut self) -> Result<(), Error> {
+        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
+        let list = proxy_daemonset::manifest(&proxy_daemonset::ClusterValues {
+            api,
+            bpffs: &self.state.bpffs,
+            cgroup_root: &crate::cgroup::v2_root(),
+            log: std::env::var("SKIFF_PROXY_LOG").ok(),
+        })?;
+        let r = self
+            .kubectl()
+            .within(Duration::from_secs(60))
+            .run_with_stdin(&["apply", "-f", "-"], &list.to_string());
+        if !r.success {
+            return Err(Error::new(format!(
+                "kubectl apply of deploy/proxy.yaml: {}{}",
+                r.stdout, r.stderr
+            )));
+        }
+        self.wait_proxy_daemonset()
+    }
+
+    /// Waits until the proxy DaemonSet's pods are updated and Ready on every node and each
+    /// node's proxy answers /healthz.
+    pub fn wait_proxy_daemonset(&self) -> Result<(), Error> {
+        let n = self.state.nodes.len() as u64;
+        let path = format!(
+            "/apis/apps/v1/namespaces/{}/daemonsets/{}",
+            proxy_daemonset::NAMESPACE,
+            proxy_daemonset::NAME
+        );
+        wait_for("the proxy DaemonSet Ready on every node", READY_TIMEOUT, || {
+            let ds = self.api_get(&path).map_err(|e| e.to_string())?;
+            let st = &ds["status"];
+            let count = |k: &str| st[k].as_u64().unwrap_or(0);
+            let current = st["observedGeneration"] == ds["metadata"]["generation"];
+            if !(current
+                && count("desiredNumberScheduled") == n
+                && count("updatedNumberScheduled") == n
+                && count("numberReady") == n
+                && count("numberAvailable") == n)
+            {
+                return Err(format!("status {st}"));
+            }
+            for i in 0..self.state.nodes.len() {
+                match self.proxy_get(i, "/healthz") {
+                    Ok(body) if body.trim() == "ok" => {}
+                    other => return Err(format!("{}: {other:?}", self.state.nodes[i].name)),
+                }
+            }
+            Ok(())
+        })
     }
 
     fn start_control_plane(&mut self, spec: &Spec) -> Result<(), Error> {

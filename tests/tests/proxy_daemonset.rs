@@ -1,0 +1,254 @@
+//! The service proxy as a DaemonSet (deploy/proxy.yaml), on one 2-node cluster brought up
+//! by the cluster library with `Spec::proxy_daemonset` (the path `cargo xtask up` takes),
+//! real kubectl, real containerd, the `skiff/proxy` image from the local registry:
+//!
+//! 1. a proxy pod Running and Ready on each node, from the ServiceAccount `skiff-proxy`; a
+//!    ClusterIP Service reachable from a pod on each node;
+//! 2. the proxy's identity is its ServiceAccount: the token the node agent projected into
+//!    its pod lists Services and gets 403 for Secrets;
+//! 3. a proxy pod deleted is replaced while a client on that node loops through the
+//!    ClusterIP: zero failed requests (the pinned maps keep translating meanwhile);
+//! 4. `kubectl rollout restart` under a looping client (zero failures), `rollout history`
+//!    shows 2 revisions, `rollout undo` returns to the first template.
+//!
+//! Needs the daemons built and the images in the local registry (`cargo xtask images`,
+//! which `cargo xtask test` runs), the proxy's image included.
+
+use serde_json::Value;
+use skiff_tests::cluster::proxy_daemonset::NAMESPACE;
+use skiff_tests::cluster::{Cluster, Spec};
+use skiff_tests::e2e::{self, binaries, LoopingClient};
+use skiff_tests::kubeconfig::KubeconfigAccess;
+use skiff_tests::kubectl::Kubectl;
+use skiff_tests::netns::unique_name;
+use skiff_tests::registry::{require_proxy_image, ECHO_IMAGE};
+use skiff_tests::{subnet, wait_until};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(180);
+const SELECTOR: &str = "k8s-app=skiff-proxy";
+const DS: &str = "daemonset/skiff-proxy";
+
+/// A proxy pod as the test sees it.
+#[derive(Debug, Clone)]
+struct ProxyPod {
+    name: String,
+    uid: String,
+    node: String,
+    ready: bool,
+    terminating: bool,
+    service_account: String,
+}
+
+fn proxy_pods(k: &Kubectl) -> Vec<ProxyPod> {
+    e2e::json(k, &["get", "pods", "-n", NAMESPACE, "-l", SELECTOR])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            ProxyPod {
+                name: s(&p["metadata"]["name"]),
+                uid: s(&p["metadata"]["uid"]),
+                node: s(&p["spec"]["nodeName"]),
+                service_account: s(&p["spec"]["serviceAccountName"]),
+                ready: p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+                terminating: !p["metadata"]["deletionTimestamp"].is_null(),
+            }
+        })
+        .collect()
+}
+
+/// Waits for one Ready, not terminating proxy pod per node, none of them in `not`; by node.
+fn wait_proxies(k: &Kubectl, nodes: &[String], not: &[String]) -> BTreeMap<String, ProxyPod> {
+    wait_until("a Ready proxy pod on every node", T, || {
+        let pods = proxy_pods(k);
+        let by_node: BTreeMap<String, ProxyPod> = pods
+            .iter()
+            .filter(|p| p.ready && !p.terminating && !not.contains(&p.name))
+            .map(|p| (p.node.clone(), p.clone()))
+            .collect();
+        if pods.len() == nodes.len() && nodes.iter().all(|n| by_node.contains_key(n)) {
+            Ok(by_node)
+        } else {
+            Err(pods)
+        }
+    })
+}
+
+fn mark(what: &str, t: Duration) {
+    eprintln!("  {what:<60} {:>7.2} s", t.as_secs_f64());
+}
+
+/// The token the node agent projected into the proxy pod (its kube-api-access volume).
+fn projected_token(c: &Cluster, pod: &ProxyPod) -> String {
+    let node = c
+        .state()
+        .nodes
+        .iter()
+        .find(|n| n.name == pod.node)
+        .expect("the pod's node");
+    let dir = node
+        .data_dir
+        .join("pods")
+        .join(&pod.uid)
+        .join("volumes/projected");
+    let access = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(Result::ok)
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("kube-api-access-")
+        })
+        .unwrap_or_else(|| panic!("no kube-api-access volume in {}", dir.display()));
+    std::fs::read_to_string(access.path().join("token")).expect("the projected token")
+}
+
+/// `kubectl rollout history` revisions (the numbers in its table).
+fn revisions(k: &Kubectl) -> Vec<u32> {
+    k.ok(&["rollout", "history", DS, "-n", NAMESPACE])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+fn restarted_at(k: &Kubectl) -> Option<String> {
+    e2e::json(k, &["get", DS, "-n", NAMESPACE])["spec"]["template"]["metadata"]["annotations"]
+        ["kubectl.kubernetes.io/restartedAt"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Runs `change` while a node-level client of node `i` loops through `addr`; asserts that
+/// no request failed and that the client kept going.
+fn no_failure_while(c: &Cluster, i: usize, addr: &str, what: &str, change: impl FnOnce()) {
+    let client = LoopingClient::start(c, i, addr);
+    let t = Instant::now();
+    change();
+    mark(what, t.elapsed());
+    let seen = client.finish();
+    eprintln!("  looping client: {}", seen.summary);
+    assert!(
+        seen.failures.is_empty(),
+        "failed requests ({what}): {}\n{}",
+        seen.summary,
+        seen.failures
+    );
+    assert!(seen.ok > 20, "the client kept going: {}", seen.summary);
+}
+
+#[test]
+fn the_proxy_runs_as_a_daemonset() {
+    require_proxy_image();
+    let lease = subnet::lease();
+    let name = unique_name("proxyds");
+    let dir = std::env::temp_dir().join(&name);
+    let mut spec = Spec::new(&name, 2, &dir, lease.cidr().parse().unwrap(), binaries());
+    spec.own_pod_network(lease.octet());
+    spec.proxy_daemonset();
+    eprintln!("cluster {name} in {}", dir.display());
+    let t_up = Instant::now();
+    let c = Cluster::up(spec).unwrap_or_else(|e| panic!("cluster up: {e}"));
+    mark("cluster up, proxy DaemonSet Ready (2 nodes)", t_up.elapsed());
+    let k = c.kubectl();
+    let nodes: Vec<String> = c.state().nodes.iter().map(|n| n.name.clone()).collect();
+
+    // 1. One proxy pod per node, Ready, as the ServiceAccount skiff-proxy; no host process.
+    let proxies = wait_proxies(&k, &nodes, &[]);
+    for p in proxies.values() {
+        assert_eq!(p.service_account, "skiff-proxy", "{p:?}");
+    }
+    assert!(c.state().nodes.iter().all(|n| n.proxy.is_none()));
+    let ds = e2e::json(&k, &["get", DS, "-n", NAMESPACE]);
+    assert_eq!(ds["status"]["numberReady"], 2, "{}", ds["status"]);
+    let t = Instant::now();
+    k.ok(&[
+        "create",
+        "deployment",
+        "echo",
+        "--image",
+        ECHO_IMAGE,
+        "--replicas=2",
+    ]);
+    k.ok(&[
+        "expose",
+        "deployment",
+        "echo",
+        "--port=80",
+        "--target-port=8080",
+    ]);
+    let vip = k.ok(&["get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}"]);
+    e2e::wait_ready(&k, "app=echo", 2, T);
+    for (i, node) in nodes.iter().enumerate() {
+        e2e::client_pod(&k, &format!("client-{i}"), node, &format!("http://{vip}/"), 20, T);
+    }
+    mark(
+        "ClusterIP reachable from a pod on each node",
+        t.elapsed(),
+    );
+    let addr = format!("{vip}:80");
+
+    // 2. The proxy's identity: the token its pod holds.
+    let admin = KubeconfigAccess::read(&c.kubeconfig()).unwrap();
+    let as_proxy = KubeconfigAccess {
+        client: None,
+        token: Some(projected_token(&c, &proxies[&nodes[1]])),
+        ..admin
+    };
+    let get = |path: &str| as_proxy.get(path, Duration::from_secs(30)).unwrap();
+    assert_eq!(get("/api/v1/services").0, 200);
+    assert_eq!(get("/apis/discovery.k8s.io/v1/endpointslices").0, 200);
+    let (code, body) = get("/api/v1/secrets");
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("system:serviceaccount:kube-system:skiff-proxy"),
+        "{body}"
+    );
+
+    // 3. The proxy pod of node 2 deleted under a client on node 2: replaced, no failure.
+    let old = proxies[&nodes[1]].name.clone();
+    no_failure_while(
+        &c,
+        1,
+        &addr,
+        "proxy pod deleted -> replaced and Ready",
+        || {
+            k.ok(&["delete", "pod", "-n", NAMESPACE, &old]);
+            wait_proxies(&k, &nodes, std::slice::from_ref(&old));
+            c.wait_proxy_daemonset()
+                .unwrap_or_else(|e| panic!("after the delete: {e}"));
+        },
+    );
+
+    // 4. rollout restart, history, undo.
+    assert_eq!(revisions(&k), [1]);
+    let before: Vec<String> = proxy_pods(&k).into_iter().map(|p| p.name).collect();
+    no_failure_while(&c, 0, &addr, "rollout restart of the DaemonSet", || {
+        k.ok(&["rollout", "restart", DS, "-n", NAMESPACE]);
+        k.ok(&["rollout", "status", DS, "-n", NAMESPACE, "--timeout=180s"]);
+        wait_proxies(&k, &nodes, &before);
+        c.wait_proxy_daemonset()
+            .unwrap_or_else(|e| panic!("after the restart: {e}"));
+    });
+    assert!(restarted_at(&k).is_some());
+    assert_eq!(revisions(&k), [1, 2]);
+    let restarted: Vec<String> = proxy_pods(&k).into_iter().map(|p| p.name).collect();
+    let t = Instant::now();
+    k.ok(&["rollout", "undo", DS, "-n", NAMESPACE]);
+    k.ok(&["rollout", "status", DS, "-n", NAMESPACE, "--timeout=180s"]);
+    wait_proxies(&k, &nodes, &restarted);
+    c.wait_proxy_daemonset()
+        .unwrap_or_else(|e| panic!("after the undo: {e}"));
+    mark("rollout undo -> the first template on every node", t.elapsed());
+    assert_eq!(restarted_at(&k), None, "undo restores the first template");
+    // Revision 1 became revision 3.
+    assert_eq!(revisions(&k), [2, 3]);
+    let (_, failed) = e2e::probe(&c, 0, &addr, 20);
+    assert_eq!(failed, 0, "the service after the undo");
+}
