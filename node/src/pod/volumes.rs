@@ -394,8 +394,14 @@ mod tests {
     #[test]
     fn mount_propagation_as_the_cri_says_it() {
         use cri::MountPropagation as P;
-        assert_eq!(propagation(Some("HostToContainer")), P::PropagationHostToContainer);
-        assert_eq!(propagation(Some("Bidirectional")), P::PropagationBidirectional);
+        assert_eq!(
+            propagation(Some("HostToContainer")),
+            P::PropagationHostToContainer
+        );
+        assert_eq!(
+            propagation(Some("Bidirectional")),
+            P::PropagationBidirectional
+        );
         assert_eq!(propagation(Some("None")), P::PropagationPrivate);
         assert_eq!(propagation(None), P::PropagationPrivate);
     }

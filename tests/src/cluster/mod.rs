@@ -363,27 +363,31 @@ impl Cluster {
             proxy_daemonset::NAMESPACE,
             proxy_daemonset::NAME
         );
-        wait_for("the proxy DaemonSet Ready on every node", READY_TIMEOUT, || {
-            let ds = self.api_get(&path).map_err(|e| e.to_string())?;
-            let st = &ds["status"];
-            let count = |k: &str| st[k].as_u64().unwrap_or(0);
-            let current = st["observedGeneration"] == ds["metadata"]["generation"];
-            if !(current
-                && count("desiredNumberScheduled") == n
-                && count("updatedNumberScheduled") == n
-                && count("numberReady") == n
-                && count("numberAvailable") == n)
-            {
-                return Err(format!("status {st}"));
-            }
-            for i in 0..self.state.nodes.len() {
-                match self.proxy_get(i, "/healthz") {
-                    Ok(body) if body.trim() == "ok" => {}
-                    other => return Err(format!("{}: {other:?}", self.state.nodes[i].name)),
+        wait_for(
+            "the proxy DaemonSet Ready on every node",
+            READY_TIMEOUT,
+            || {
+                let ds = self.api_get(&path).map_err(|e| e.to_string())?;
+                let st = &ds["status"];
+                let count = |k: &str| st[k].as_u64().unwrap_or(0);
+                let current = st["observedGeneration"] == ds["metadata"]["generation"];
+                if !(current
+                    && count("desiredNumberScheduled") == n
+                    && count("updatedNumberScheduled") == n
+                    && count("numberReady") == n
+                    && count("numberAvailable") == n)
+                {
+                    return Err(format!("status {st}"));
                 }
-            }
-            Ok(())
-        })
+                for i in 0..self.state.nodes.len() {
+                    match self.proxy_get(i, "/healthz") {
+                        Ok(body) if body.trim() == "ok" => {}
+                        other => return Err(format!("{}: {other:?}", self.state.nodes[i].name)),
+                    }
+                }
+                Ok(())
+            },
+        )
     }
 
     fn start_control_plane(&mut self, spec: &Spec) -> Result<(), Error> {

@@ -61,6 +61,18 @@ pub fn manifest(values: &ClusterValues) -> Result<Value, Error> {
     let container = pod["containers"]
         .get_mut(0)
         .ok_or_else(|| Error::new("deploy/proxy.yaml: no container"))?;
+    // This machine's mounts are private (no systemd making / shared), and the CRI refuses
+    // HostToContainer (rslave) from a private mount; the cluster's bpffs is mounted before
+    // any proxy pod starts, so nothing needs to propagate.
+    for m in container["volumeMounts"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(m) = m.as_object_mut() {
+            m.remove("mountPropagation");
+        }
+    }
     let cgroup_mount = mount_path(container, "cgroup")?;
     let bpffs_mount = mount_path(container, "bpffs")?;
     let mut replaced = 0;
@@ -85,15 +97,19 @@ pub fn manifest(values: &ClusterValues) -> Result<Value, Error> {
             env.push(json!({"name": "RUST_LOG", "value": log}));
         }
     }
-    items.push(json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
-        "data": {
-            "apiserver-host": values.api.ip().to_string(),
-            "apiserver-port": values.api.port().to_string(),
-        },
-    }));
+    // First: the pods read it once, when their container starts.
+    items.insert(
+        0,
+        json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+            "data": {
+                "apiserver-host": values.api.ip().to_string(),
+                "apiserver-port": values.api.port().to_string(),
+            },
+        }),
+    );
     Ok(json!({"apiVersion": "v1", "kind": "List", "items": items}))
 }
 
@@ -126,14 +142,14 @@ mod tests {
         assert_eq!(
             kinds,
             [
+                "ConfigMap",
                 "ServiceAccount",
                 "ClusterRole",
                 "ClusterRoleBinding",
-                "DaemonSet",
-                "ConfigMap"
+                "DaemonSet"
             ]
         );
-        let pod = &items[3]["spec"]["template"]["spec"];
+        let pod = &items[4]["spec"]["template"]["spec"];
         let args: Vec<&str> = pod["containers"][0]["args"]
             .as_array()
             .unwrap()
@@ -153,8 +169,8 @@ mod tests {
         };
         assert_eq!(host("bpffs"), "/tmp/c/bpffs");
         assert_eq!(host("cgroup"), "/sys/fs/cgroup/unified");
-        assert_eq!(items[4]["data"]["apiserver-host"], "10.9.0.1");
-        assert_eq!(items[4]["data"]["apiserver-port"], "36443");
+        assert_eq!(items[0]["data"]["apiserver-host"], "10.9.0.1");
+        assert_eq!(items[0]["data"]["apiserver-port"], "36443");
     }
 
     /// The generic manifest keeps Kubernetes-normal values: the node's whole cgroup v2 root
