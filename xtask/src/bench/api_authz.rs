@@ -114,6 +114,36 @@ fn binding(ns: &str, name: &str, user: &str) -> Result<RoleBinding> {
     }))?)
 }
 
+/// Waits until the "measured" binding has reached the authorizer (its RBAC index follows
+/// the store by a watch: a review right after the create may still see the old rules).
+async fn effective(c: &Client) -> Result<()> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(c.clone());
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some("authz-0".into()),
+                verb: Some("list".into()),
+                resource: Some("pods".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = api.create(&PostParams::default(), &review).await?;
+        if r.status.is_some_and(|s| s.allowed) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the RoleBinding of user \"measured\" did not take effect within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `REVIEWS` reviews, one at a time; latencies sorted.
 async fn reviews(c: &Client, verb: &str, want: bool) -> Result<Vec<Duration>> {
     let api: Api<SelfSubjectAccessReview> = Api::all(c.clone());
@@ -154,6 +184,7 @@ async fn end_to_end(c: &Client, server: &ApiServerProcess) -> Result<Vec<Row>> {
         )
         .await?;
     let measured = impersonating(server, "measured").await?;
+    effective(&measured).await?;
     let mut base = vec![];
     for (verb, want) in [("list", true), ("delete", false)] {
         base.push(reviews(&measured, verb, want).await?);
