@@ -3,10 +3,12 @@
 //! that tests, probes and demos run inside pods (`kubectl exec`, init containers).
 
 use skiff_images::http::{self, ReadError, Url};
+use skiff_images::identity::Identity;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 const USAGE: &str = "usage: echo [serve]
@@ -24,9 +26,10 @@ const USAGE: &str = "usage: echo [serve]
        echo webhook --cert FILE --key FILE --sidecar-image IMAGE [--port 8443]
                                       a mutating admission webhook (HTTPS) that adds a sidecar
                                       container `sidecar` (IMAGE, `serve` on PORT 9090) to pods
-serve: GET / (who answers), /healthz, /readyz, /env/NAME, /control/{healthy,unhealthy,ready,unready},
+serve: GET / (who answers, and the client address it sees), /healthz, /readyz, /env/NAME, /control/{healthy,unhealthy,ready,unready},
        /control/alloc/MIB (allocate and hold MIB MiB)
-env: PORT (8080), POD_NAME (default: the host name), POD_NAMESPACE, POD_IP, NODE_NAME (downward API),
+env: PORT (8080), POD_NAME (default: the host name), POD_NAMESPACE (default: the service
+     account's namespace), POD_IP (default: the interface's address), NODE_NAME (downward API),
      IGNORE_SIGTERM=1 (only SIGKILL stops the server)";
 
 static HEALTHY: AtomicBool = AtomicBool::new(true);
@@ -106,10 +109,8 @@ fn connection(conn: TcpStream) {
     let Ok(write_half) = conn.try_clone() else {
         return;
     };
-    let remote = conn
-        .peer_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_default();
+    let client = conn.peer_addr().ok();
+    let remote = client.map(|a| a.ip().to_string()).unwrap_or_default();
     let mut r = BufReader::new(conn);
     let mut w = BufWriter::new(write_half);
     loop {
@@ -123,8 +124,11 @@ fn connection(conn: TcpStream) {
         };
         let (status, body) = match req.path.as_str() {
             // The client address as this pod sees it (what a proxy kept or translated).
-            "/remote" => (200, format!("{} remote={remote}\n", identity().trim_end())),
-            path => answer(path),
+            "/remote" => (
+                200,
+                format!("{} remote={remote}\n", identity().line(client).trim_end()),
+            ),
+            path => answer(path).unwrap_or_else(|| (200, identity().line(client))),
         };
         if http::write_response(&mut w, status, &body, req.close).is_err() || req.close {
             return;
@@ -132,8 +136,8 @@ fn connection(conn: TcpStream) {
     }
 }
 
-/// The response to one request path.
-fn answer(path: &str) -> (u16, String) {
+/// The response to one request path; None for the identity (it needs the connection).
+fn answer(path: &str) -> Option<(u16, String)> {
     let flag = |f: &AtomicBool, name: &str| {
         if f.load(Ordering::Relaxed) {
             (200, "ok\n".to_string())
@@ -141,7 +145,7 @@ fn answer(path: &str) -> (u16, String) {
             (503, format!("not {name}\n"))
         }
     };
-    match path {
+    Some(match path {
         "/healthz" => flag(&HEALTHY, "healthy"),
         "/readyz" => flag(&READY, "ready"),
         "/control/healthy" | "/control/unhealthy" => {
@@ -167,27 +171,15 @@ fn answer(path: &str) -> (u16, String) {
                 Ok(v) => (200, format!("{v}\n")),
                 Err(_) => (404, format!("{name} is not set\n")),
             },
-            None => (200, identity()),
+            None => return None,
         },
-    }
+    })
 }
 
-fn identity() -> String {
-    let var = |k: &str| std::env::var(k).unwrap_or_default();
-    // Without the downward API (`kubectl create deployment` sets no env) the pod's name is
-    // still its host name, which the runtime sets and mounts at /etc/hostname.
-    let pod = std::env::var("POD_NAME").unwrap_or_else(|_| {
-        std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default()
-    });
-    format!(
-        "pod={} namespace={} ip={} node={}\n",
-        pod,
-        var("POD_NAMESPACE"),
-        var("POD_IP"),
-        var("NODE_NAME")
-    )
+/// Computed once: the environment and the pod's host name and address do not change.
+fn identity() -> &'static Identity {
+    static ID: OnceLock<Identity> = OnceLock::new();
+    ID.get_or_init(Identity::discover)
 }
 
 fn fetch(url: &str, rest: &[&str]) -> Result<(), String> {
