@@ -25,6 +25,11 @@ impl Layout {
         self.containerd_dir().join("config.toml")
     }
 
+    /// containerd's registry `config_path`: `<registry>/hosts.toml` per registry.
+    pub fn registry_hosts_dir(&self) -> PathBuf {
+        self.containerd_dir().join("certs.d")
+    }
+
     pub fn containerd_socket(&self) -> PathBuf {
         self.containerd_dir().join("containerd.sock")
     }

@@ -64,8 +64,9 @@ enum Command {
         /// The sandbox (pause) image.
         #[arg(long, default_value = "127.0.0.1:5000/skiff/pause:latest")]
         pause_image: String,
-        /// Registries reached over plain HTTP (`host:port`, or `host:port=http://endpoint`
-        /// to reach it at another address).
+        /// Registries reached over plain HTTP (`host:port`, or `registry=http://endpoint`
+        /// to reach it at another address, the only one: `docker.io=http://<local registry>`
+        /// makes `busybox` pull from the local registry and never from docker.io).
         #[arg(long, default_value = "127.0.0.1:5000")]
         insecure_registry: Vec<String>,
         /// The cluster DNS servers pods with dnsPolicy ClusterFirst use (comma-separated;

@@ -1,7 +1,9 @@
 //! `cargo xtask images`: builds skiff's container images and serves them from a local registry.
 //!
-//! The machines reach no public registry, so the images are made here: each is one static
-//! (musl) binary plus the few paths a CRI runtime bind-mounts over (/proc, /sys, /dev,
+//! The machines reach no public registry, so the images are made here: skiff's are each one
+//! static (musl) binary (echo, pause, skiff-dns, proxy), `library/busybox` is Debian's static
+//! busybox with its applet links (what `--image=busybox` finds through the nodes' docker.io
+//! mirror), each plus the few paths a CRI runtime bind-mounts over (/proc, /sys, /dev,
 //! /etc/{hosts,hostname,resolv.conf}), written as an OCI image layout (and a tar of it for
 //! `ctr -n k8s.io images import`) under `.skiff/images/`, then pushed through the registry v2
 //! HTTP API to Debian's docker-registry on 127.0.0.1:5000, which this command starts when it
@@ -28,24 +30,57 @@ const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 const CONFIG_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 const LAYER_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
-/// One image: a repository in the local registry and the binary that is its entrypoint.
+/// One image: a repository in the local registry and what its layer holds.
 struct Image {
     repository: &'static str,
-    binary: &'static str,
+    content: Content,
 }
+
+/// What an image holds besides the runtime's mount points.
+#[derive(Clone, Copy)]
+enum Content {
+    /// One of skiff's static binaries (built here for musl), at /<name>, the entrypoint.
+    Binary(&'static str),
+    /// Debian's busybox-static at /bin/busybox and a link per applet where `busybox
+    /// --list-full` puts it; no entrypoint, `sh` by default, as the familiar image.
+    Busybox,
+}
+
+impl Image {
+    /// Its directory under `.skiff/images/`.
+    fn name(&self) -> &'static str {
+        match self.content {
+            Content::Binary(name) => name,
+            Content::Busybox => "busybox",
+        }
+    }
+}
+
+/// Where Debian's busybox-static puts its binary (`cargo xtask setup` installs it).
+pub const BUSYBOX: &str = "/bin/busybox";
 
 const IMAGES: &[Image] = &[
     Image {
         repository: "skiff/echo",
-        binary: "echo",
+        content: Content::Binary("echo"),
     },
     Image {
         repository: "skiff/pause",
-        binary: "pause",
+        content: Content::Binary("pause"),
+    },
+    Image {
+        repository: "skiff/dns",
+        content: Content::Binary("skiff-dns"),
+    },
+    // `docker.io/library/busybox` as the nodes' containerd sees it: they resolve docker.io
+    // through a mirror that is this registry (see node/src/containerd/config.rs).
+    Image {
+        repository: "library/busybox",
+        content: Content::Busybox,
     },
     Image {
         repository: "skiff/proxy",
-        binary: "proxy",
+        content: Content::Binary("proxy"),
     },
 ];
 
@@ -72,6 +107,8 @@ pub fn all() -> Result<()> {
                 "-p",
                 "skiff-images",
                 "-p",
+                "dns",
+                "-p",
                 "proxy",
                 "--bins",
                 "--profile",
@@ -83,7 +120,7 @@ pub fn all() -> Result<()> {
     let bin_dir = target_dir().join(MUSL).join("image");
     registry()?;
     for image in IMAGES {
-        let built = build(image, &bin_dir.join(image.binary))?;
+        let built = build(image, &bin_dir)?;
         let uploaded = push(image, &built)?;
         eprintln!(
             "images: {REGISTRY}/{}:latest {} ({} uploaded)",
@@ -152,9 +189,29 @@ struct Built {
     manifest_digest: String,
 }
 
-fn build(image: &Image, binary: &Path) -> Result<Built> {
-    let program = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-    let tar = layer_tar(image.binary, &program)?;
+fn build(image: &Image, bin_dir: &Path) -> Result<Built> {
+    let (tar, config) = match image.content {
+        Content::Binary(name) => {
+            let path = bin_dir.join(name);
+            let program =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            let tar = layer_tar(|entry| entry(name, 0o755, &program, tar::EntryType::Regular))?;
+            let config = json!({
+                "Entrypoint": [format!("/{name}")],
+                "Env": ["PATH=/"],
+                "WorkingDir": "/",
+            });
+            (tar, config)
+        }
+        Content::Busybox => (
+            busybox_layer()?,
+            json!({
+                "Cmd": ["sh"],
+                "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+                "WorkingDir": "/",
+            }),
+        ),
+    };
     let diff_id = sha256(&tar);
     let mut gz = flate2::GzBuilder::new()
         .mtime(0)
@@ -164,11 +221,7 @@ fn build(image: &Image, binary: &Path) -> Result<Built> {
     let config = Blob::new(serde_json::to_vec(&json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {
-            "Entrypoint": [format!("/{}", image.binary)],
-            "Env": ["PATH=/"],
-            "WorkingDir": "/",
-        },
+        "config": config,
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
     }))?);
     let manifest = Blob::new(serde_json::to_vec(&json!({
@@ -187,8 +240,11 @@ fn build(image: &Image, binary: &Path) -> Result<Built> {
     Ok(built)
 }
 
-/// The image's only layer: the binary at /<name> and the mount points a runtime needs.
-fn layer_tar(name: &str, program: &[u8]) -> Result<Vec<u8>> {
+/// One entry of a layer: path, mode, contents, type.
+type Entry<'a> = dyn FnMut(&str, u32, &[u8], tar::EntryType) -> std::io::Result<()> + 'a;
+
+/// The image's only layer: the mount points a runtime needs, then what `content` adds.
+fn layer_tar(content: impl FnOnce(&mut Entry) -> std::io::Result<()>) -> Result<Vec<u8>> {
     let mut tar = tar::Builder::new(Vec::new());
     let mut entry = |path: &str, mode: u32, data: &[u8], kind: tar::EntryType| {
         let mut h = tar::Header::new_ustar();
@@ -197,6 +253,11 @@ fn layer_tar(name: &str, program: &[u8]) -> Result<Vec<u8>> {
         h.set_mtime(0);
         h.set_uid(0);
         h.set_gid(0);
+        if kind == tar::EntryType::Symlink {
+            // A link's target is its header's, not data.
+            h.set_size(0);
+            return tar.append_link(&mut h, path, std::str::from_utf8(data).unwrap_or(""));
+        }
         h.set_size(data.len() as u64);
         tar.append_data(&mut h, path, data)
     };
@@ -212,13 +273,58 @@ fn layer_tar(name: &str, program: &[u8]) -> Result<Vec<u8>> {
     )?;
     entry("etc/hostname", 0o644, b"", tar::EntryType::Regular)?;
     entry("etc/resolv.conf", 0o644, b"", tar::EntryType::Regular)?;
-    entry(name, 0o755, program, tar::EntryType::Regular)?;
+    content(&mut entry)?;
     Ok(tar.into_inner()?)
+}
+
+/// busybox's layer: the static binary at /bin/busybox, each applet a symbolic link to it
+/// at the path `busybox --list-full` names (bin/sh, usr/bin/wget, ...), root's passwd and
+/// group entries for the applets that look users up.
+fn busybox_layer() -> Result<Vec<u8>> {
+    let program = std::fs::read(BUSYBOX).with_context(|| {
+        format!("reading {BUSYBOX} (`cargo xtask setup` installs busybox-static)")
+    })?;
+    let listed = Command::new(BUSYBOX)
+        .arg("--list-full")
+        .output()
+        .with_context(|| format!("{BUSYBOX} --list-full"))?;
+    let mut applets: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| l.trim().trim_start_matches('/').to_string())
+        .filter(|l| !l.is_empty() && l != "bin/busybox")
+        .collect();
+    applets.sort();
+    applets.dedup();
+    if !applets.iter().any(|a| a == "bin/sh") {
+        bail!("{BUSYBOX} --list-full names no bin/sh: not a usable busybox");
+    }
+    layer_tar(|entry| {
+        for dir in ["bin", "sbin", "usr", "usr/bin", "usr/sbin", "root"] {
+            entry(dir, 0o755, &[], tar::EntryType::Directory)?;
+        }
+        entry(
+            "etc/passwd",
+            0o644,
+            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+            tar::EntryType::Regular,
+        )?;
+        entry(
+            "etc/group",
+            0o644,
+            b"root:x:0:\nnogroup:x:65534:\n",
+            tar::EntryType::Regular,
+        )?;
+        entry("bin/busybox", 0o755, &program, tar::EntryType::Regular)?;
+        for applet in &applets {
+            entry(applet, 0o777, b"/bin/busybox", tar::EntryType::Symlink)?;
+        }
+        Ok(())
+    })
 }
 
 /// `.skiff/images/<name>/` as an OCI image layout, and `<name>.tar` of it for `ctr import`.
 fn write_layout(image: &Image, built: &Built) -> Result<()> {
-    let dir = root().join(".skiff/images").join(image.binary);
+    let dir = root().join(".skiff/images").join(image.name());
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs)?;
     for blob in [&built.layer, &built.config, &built.manifest] {

@@ -24,8 +24,9 @@ enum Command {
     Setup,
     /// Build the eBPF programs (proxy-ebpf), installing rust-src and bpf-linker first.
     BuildEbpf,
-    /// Build skiff's container images (echo, pause) and push them to the local registry on
-    /// 127.0.0.1:5000, starting it if needed. Idempotent, fast when nothing changed.
+    /// Build the container images (echo, pause, skiff/dns, library/busybox) and push them to
+    /// the local registry on 127.0.0.1:5000, starting it if needed. Idempotent, fast when
+    /// nothing changed.
     Images,
     /// Benchmarks (`bench proxy`: eBPF vs iptables vs direct).
     #[command(subcommand)]

@@ -22,6 +22,8 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("docker-registry", "/usr/bin/docker-registry"),
     ("iproute2", "/usr/sbin/ip"),
     ("curl", "/usr/bin/curl"),
+    // the `busybox` image (`cargo xtask images`)
+    ("busybox-static", "/bin/busybox"),
 ];
 
 pub fn all() -> Result<()> {

@@ -58,6 +58,26 @@ struct Shared {
     stopping: AtomicBool,
 }
 
+/// The registries' hosts.toml files, afresh: a registry dropped from the flags leaves none.
+fn write_registry_hosts(
+    layout: &Layout,
+    settings: &RuntimeSettings,
+) -> Result<(), ContainerdError> {
+    let dir = layout.registry_hosts_dir();
+    let files = |path: PathBuf| move |source| ContainerdError::Files { path, source };
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(files(dir.clone())(e)),
+        _ => {}
+    }
+    for hosts in config::registry_hosts(settings) {
+        let registry_dir = dir.join(&hosts.registry);
+        std::fs::create_dir_all(&registry_dir).map_err(files(registry_dir.clone()))?;
+        let path = registry_dir.join("hosts.toml");
+        std::fs::write(&path, &hosts.hosts_toml).map_err(files(path.clone()))?;
+    }
+    Ok(())
+}
+
 impl Containerd {
     /// Writes the config under `layout`, stops a containerd a previous agent left running
     /// there, starts a fresh one and waits until its CRI service answers.
@@ -79,6 +99,7 @@ impl Containerd {
                 source,
             }
         })?;
+        write_registry_hosts(&layout, settings)?;
         stop_stale(&layout).await;
         let child = spawn(&layout)?;
         let shared = Arc::new(Shared {
