@@ -4,6 +4,7 @@
 //! resolvers. Built on hickory-server (listeners, wire format) and hickory-resolver
 //! (forwarding); the zone itself is ours, kept per Service (see [`records`]).
 
+pub mod baseline;
 pub mod handler;
 pub mod metrics;
 pub mod records;

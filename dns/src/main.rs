@@ -32,6 +32,10 @@ struct Args {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:9153")]
     metrics_listen: SocketAddr,
+    /// The benchmark's baseline instead of the cluster DNS: A records from this file of
+    /// `name address` lines on --listen (UDP), nothing else (`cargo xtask bench dns`).
+    #[arg(long)]
+    static_zone: Option<PathBuf>,
 }
 
 fn upstream_addr(s: &str) -> anyhow::Result<SocketAddr> {
@@ -61,6 +65,18 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    if let Some(path) = &args.static_zone {
+        let zone = dns::baseline::StaticZone::load(path)?;
+        let token = tokio_util::sync::CancellationToken::new();
+        let serving = tokio::spawn(dns::baseline::serve(zone, args.listen, token.clone()));
+        tokio::select! {
+            _ = sigterm.recv() => {}
+            _ = sigint.recv() => {}
+            r = serving => return Ok(r??),
+        }
+        token.cancel();
+        return Ok(());
+    }
     let running = dns::start(Config {
         listen: args.listen,
         cluster_domain: args.cluster_domain,

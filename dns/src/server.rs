@@ -103,6 +103,13 @@ fn name_server(addr: SocketAddr) -> NameServerConfig {
     NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
 }
 
+/// Whether a resolv.conf has a `nameserver` line (hickory's parser refuses one without).
+fn names_a_server(text: &[u8]) -> bool {
+    String::from_utf8_lossy(text)
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some("nameserver"))
+}
+
 /// The resolver for forwarded names; `own` is left out of the servers (no loop to itself).
 fn resolver(upstream: &Upstream, own: SocketAddr) -> Result<Option<TokioResolver>, ServerError> {
     let (config, mut opts) = match upstream {
@@ -114,6 +121,12 @@ fn resolver(upstream: &Upstream, own: SocketAddr) -> Result<Option<TokioResolver
         Upstream::ResolvConf(path) => {
             let text = std::fs::read(path)
                 .map_err(|e| ServerError::Upstream(format!("{}: {e}", path.display())))?;
+            if !names_a_server(&text) {
+                // A node whose resolver configuration names no server (a cluster kept
+                // off every outside network): the cluster's names only, others refused.
+                tracing::warn!(path = %path.display(), "no nameserver: nothing is forwarded");
+                return Ok(None);
+            }
             let (c, o) = hickory_resolver::system_conf::parse_resolv_conf(text)
                 .map_err(|e| ServerError::Upstream(format!("{}: {e}", path.display())))?;
             // Only its nameservers: the names asked are already absolute.
@@ -218,4 +231,26 @@ pub async fn start(config: Config) -> Result<RunningDns, ServerError> {
         token,
         task,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_resolv_conf_without_nameserver_forwards_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("resolv.conf");
+        std::fs::write(&path, "# no servers\nsearch example.org\noptions ndots:5\n").unwrap();
+        let own: SocketAddr = "127.0.0.1:53".parse().unwrap();
+        let r = resolver(&Upstream::ResolvConf(path.clone()), own).unwrap();
+        assert!(r.is_none());
+        std::fs::write(&path, "nameserver 127.0.0.1\n").unwrap();
+        // Its only server is this DNS itself: no loop, an error.
+        assert!(resolver(&Upstream::ResolvConf(path.clone()), own).is_err());
+        std::fs::write(&path, "nameserver 127.0.0.2\n").unwrap();
+        assert!(resolver(&Upstream::ResolvConf(path), own)
+            .unwrap()
+            .is_some());
+    }
 }

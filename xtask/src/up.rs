@@ -1,10 +1,12 @@
 //! `cargo xtask up [--nodes N]`: a whole skiff cluster on this machine, from a fresh one:
 //! prerequisites, the eBPF object, the images in the local registry and release builds
 //! first, then the control plane, N nodes (each a network namespace on a host bridge with
-//! its node agent and containerd) and the eBPF service proxy as the DaemonSet of
-//! deploy/proxy.yaml, Ready on every node, through the same library the end-to-end tests
-//! use (`skiff_tests::cluster`, `Spec::proxy_daemonset`); each step is timed. The daemons run
-//! detached (logs in `.skiff/logs/`); `cargo xtask down` removes everything.
+//! its node agent and containerd), the eBPF service proxy as the DaemonSet of
+//! deploy/proxy.yaml, Ready on every node, and the cluster DNS (deploy/dns.yaml, applied
+//! through the API and waited for) through the same library the end-to-end tests use
+//! (`skiff_tests::cluster`, `Spec::proxy_daemonset`, `Spec::cluster_dns`); each step is
+//! timed. The daemons run detached (logs in `.skiff/logs/`); `cargo xtask down` removes
+//! everything.
 //!
 //! `cargo xtask up --proxy-only`: only the service proxy, in the foreground, on a manifests
 //! directory (no cluster).
@@ -124,6 +126,9 @@ pub fn up(opts: Opts) -> Result<()> {
     // its own ServiceAccount, the image `images::all` pushed above) applied through the API,
     // with this cluster's API address, bpffs and cgroups filled in.
     spec.proxy_daemonset();
+    // Cluster DNS as a workload (deploy/dns.yaml, Service kube-dns at 10.96.0.10), its pods
+    // reaching the API through the `kubernetes` Service; node agents get --cluster-dns.
+    spec.cluster_dns = true;
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,
         args: vec!["relay".into()],
@@ -173,6 +178,10 @@ fn print_usage(dir: &Path, s: &State) {
         "  kubectl create deployment echo --image=127.0.0.1:5000/skiff/echo:latest --replicas=3"
     );
     eprintln!("  kubectl expose deployment echo --port=80 --target-port=8080");
+    eprintln!("  kubectl run t --image=busybox --restart=Never -- sleep 3600");
+    eprintln!(
+        "  kubectl exec t -- wget -qO- http://echo/   # through the cluster DNS and the proxy"
+    );
     eprintln!("  cargo xtask node-exec {first} -- curl -s http://<CLUSTER-IP>/   # a node-level client, translated by the node's proxy");
     eprintln!("  cargo xtask node-exec {first} -- proxy dump                    # that node's programmed services");
     eprintln!(

@@ -99,6 +99,11 @@ pub struct Spec {
     pub tls_bootstrap: bool,
     /// How each node's service proxy runs.
     pub proxy: ProxyDeployment,
+    /// Cluster DNS as a workload: deploy/dns.yaml (skiff-dns, 2 replicas, Service
+    /// `kube-dns` at [`CLUSTER_DNS_IP`]) applied through the API once nodes and proxies run,
+    /// and waited for; node agents get `--cluster-dns` and `--cluster-domain`. Its pods
+    /// reach the API through the `kubernetes` Service: with [`Spec::own_pod_network`].
+    pub cluster_dns: bool,
 }
 
 /// How each node's service proxy runs.
@@ -172,9 +177,18 @@ impl Spec {
             pod_routes_on_host: false,
             tls_bootstrap: false,
             proxy: ProxyDeployment::Process,
+            cluster_dns: false,
         }
     }
 }
+
+/// The cluster DNS Service's address (`kube-dns`, in deploy/dns.yaml), as in Kubernetes.
+pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
+/// The cluster domain the node agents and the DNS serve.
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// The cluster DNS as a workload: ServiceAccount, RBAC, Deployment `skiff-dns`, Service
+/// `kube-dns` (kube-system).
+pub const DNS_MANIFEST: &str = include_str!("../../../deploy/dns.yaml");
 
 /// Where the proxy of a node serves /metrics and /healthz (inside the node's namespace).
 pub const PROXY_METRICS: &str = "127.0.0.1:10249";
@@ -327,6 +341,11 @@ impl Cluster {
                 )?;
             }
         }
+        if spec.cluster_dns {
+            self.step("cluster DNS: deploy/dns.yaml applied, Ready", |c| {
+                c.deploy_dns()
+            })?;
+        }
         Ok(())
     }
 
@@ -388,6 +407,32 @@ impl Cluster {
                 Ok(())
             },
         )
+    }
+
+    /// Applies [`DNS_MANIFEST`] with kubectl and waits until the Deployment's replicas are
+    /// all Ready and its Service has their endpoints.
+    fn deploy_dns(&self) -> Result<(), Error> {
+        let applied = self
+            .kubectl()
+            .within(Duration::from_secs(60))
+            .run_with_stdin(&["apply", "-f", "-"], DNS_MANIFEST);
+        if !applied.success {
+            return Err(Error::new(format!(
+                "kubectl apply deploy/dns.yaml: {}{}",
+                applied.stdout, applied.stderr
+            )));
+        }
+        wait_for("the skiff-dns Deployment Ready", READY_TIMEOUT, || {
+            let d = self
+                .api_get("/apis/apps/v1/namespaces/kube-system/deployments/skiff-dns")
+                .map_err(|e| e.to_string())?;
+            let want = d.pointer("/spec/replicas").and_then(|v| v.as_u64());
+            let ready = d.pointer("/status/readyReplicas").and_then(|v| v.as_u64());
+            match (want, ready) {
+                (Some(w), Some(r)) if r >= w => Ok(()),
+                _ => Err(format!("replicas {want:?}, ready {ready:?}")),
+            }
+        })
     }
 
     fn start_control_plane(&mut self, spec: &Spec) -> Result<(), Error> {
@@ -602,8 +647,35 @@ impl Cluster {
             ])
             .arg("--insecure-registry")
             .arg(format!("{}=http://{registry_relay}", spec.registry))
+            // `--image=busybox` as in every tutorial: docker.io's library images come from
+            // the local registry (`cargo xtask images`), the only host for docker.io.
+            .arg("--insecure-registry")
+            .arg(format!("docker.io=http://{registry_relay}"))
             .arg("--eviction-hard")
             .arg(&spec.eviction_hard);
+        if spec.cluster_dns {
+            // Pods resolve through the cluster DNS; the node's own resolver configuration
+            // (dnsPolicy Default, hostNetwork pods, the DNS's upstreams) names no server, so
+            // no query a pod makes leaves the machine: other names are refused. The option
+            // line keeps the file non-empty, else containerd copies the host's instead.
+            // Written once: `nameserver` lines added to it later are kept (forwarding).
+            let resolv = self.state_dir.join("resolv.conf");
+            if !resolv.exists() {
+                std::fs::write(
+                    &resolv,
+                    "# skiff: no upstream resolver; the cluster's names only\noptions ndots:1\n",
+                )
+                .map_err(io_err(resolv.display()))?;
+            }
+            cmd.args([
+                "--cluster-dns",
+                CLUSTER_DNS_IP,
+                "--cluster-domain",
+                CLUSTER_DOMAIN,
+            ])
+            .arg("--resolv-conf")
+            .arg(&resolv);
+        }
         let pid = process::spawn(
             &mut cmd,
             &self.log(&format!("node-{name}")),
