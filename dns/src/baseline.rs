@@ -87,7 +87,7 @@ impl RequestHandler for StaticZone {
         };
         let response = MessageResponseBuilder::from_message_request(request).build(
             metadata,
-            answer.into_iter(),
+            answer,
             std::iter::empty(),
             std::iter::empty(),
             std::iter::empty(),
