@@ -94,6 +94,13 @@ pub fn all() -> Result<()> {
     crate::ebpf::build().context(
         "building the proxy's eBPF object (`cargo xtask build-ebpf`) for the skiff/proxy image",
     )?;
+    // From scratch this is the long step (every dependency for musl, minutes on a loaded
+    // machine): cargo's own progress lines are shown, not hidden behind -q.
+    eprintln!(
+        "images: building echo, pause, skiff-dns and proxy for {MUSL} (profile image; \
+         cargo's progress follows, a no-op when current)"
+    );
+    let build_started = Instant::now();
     // ring (TLS in `echo webhook`) compiles a little C and assembly; they are freestanding,
     // so the host's gcc builds them for the musl target and no musl toolchain is needed.
     setup::run(
@@ -103,7 +110,6 @@ pub fn all() -> Result<()> {
             .env("SKIFF_EBPF_OBJECT", crate::ebpf::object_path())
             .args([
                 "build",
-                "-q",
                 "-p",
                 "skiff-images",
                 "-p",
@@ -117,6 +123,7 @@ pub fn all() -> Result<()> {
                 MUSL,
             ]),
     )?;
+    eprintln!("images: binaries built in {:.1?}", build_started.elapsed());
     let bin_dir = target_dir().join(MUSL).join("image");
     registry()?;
     for image in IMAGES {
