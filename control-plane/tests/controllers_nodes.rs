@@ -3,7 +3,8 @@
 //! node whose Lease stops goes Unknown and tainted, its pods are evicted when their
 //! toleration runs out and replaced on the other nodes, and it is untainted when it comes
 //! back; DaemonSets place one pod per eligible node through the scheduler and roll out
-//! within maxUnavailable.
+//! within maxUnavailable; their ControllerRevisions serve the real kubectl's `rollout
+//! history` and `rollout undo` and are truncated at revisionHistoryLimit.
 
 mod controllers_support;
 
@@ -13,12 +14,13 @@ use std::time::Duration;
 
 use controllers_support::{fast_settings, Cluster, Nodes};
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use serde_json::json;
+use skiff_tests::kubectl::Kubectl;
 use skiff_tests::wait_until_async;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -414,6 +416,133 @@ async fn a_daemon_set_runs_one_pod_per_eligible_node_and_rolls_within_max_unavai
         "at most maxUnavailable (1) node without a ready daemon pod; saw {max}: {picture}"
     );
     extra.stop_all();
+    c.shutdown().await;
+}
+
+/// Waits until every daemon pod of `app` runs `image` and the status says the rollout is
+/// done; returns the pods' `controller-revision-hash` labels.
+async fn wait_rolled(c: &Cluster, app: &str, nodes: i32, image: &str) -> BTreeSet<String> {
+    let api: Api<DaemonSet> = c.api("default");
+    wait_until_async(&format!("{app} rolled to {image}"), WAIT, || async {
+        let ds = api.get(app).await.unwrap();
+        let s = ds.status.clone().unwrap_or_default();
+        let pods: Vec<Pod> = ds_pods_by_node(c, app)
+            .await
+            .into_values()
+            .flatten()
+            .collect();
+        let images_ok = pods.len() == usize::try_from(nodes).unwrap()
+            && pods
+                .iter()
+                .all(|p| p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(image));
+        let done = s.observed_generation >= ds.metadata.generation
+            && s.desired_number_scheduled == nodes
+            && s.updated_number_scheduled == Some(nodes)
+            && s.number_available == Some(nodes)
+            && images_ok;
+        done.then(|| {
+            pods.iter()
+                .map(|p| p.labels()["controller-revision-hash"].clone())
+                .collect()
+        })
+        .ok_or(s)
+    })
+    .await
+}
+
+/// The ControllerRevisions labelled `app=<app>`, by revision number.
+async fn revisions_of(c: &Cluster, app: &str) -> BTreeMap<i64, ControllerRevision> {
+    let api: Api<ControllerRevision> = c.api("default");
+    api.list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| (r.revision, r))
+        .collect()
+}
+
+fn revision_image(r: &ControllerRevision) -> String {
+    let data = &r.data.as_ref().expect("revision data").0;
+    assert_eq!(data["spec"]["template"]["$patch"], "replace", "{data}");
+    data["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_set_revisions_serve_kubectl_rollout_history_and_undo() {
+    let c = Cluster::start(fast_settings(), &["node-1", "node-2"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kubectl::new(c.server().kubeconfig_path(), dir.path()).within(WAIT);
+    let api: Api<DaemonSet> = c.api("default");
+    let mut ds = daemon_set("hist", "agent:1");
+    ds.spec.as_mut().unwrap().revision_history_limit = Some(2);
+    let ds = api.create(&PostParams::default(), &ds).await.unwrap();
+
+    // Revision 1: named <ds>-<hash>, the pods' hash, controlled by the DaemonSet, the
+    // template as a replace patch.
+    let first_hash = wait_rolled(&c, "hist", 2, "agent:1").await;
+    assert_eq!(first_hash.len(), 1, "{first_hash:?}");
+    let first_hash = first_hash.into_iter().next().unwrap();
+    let revs = revisions_of(&c, "hist").await;
+    assert_eq!(revs.keys().copied().collect::<Vec<_>>(), [1], "{revs:?}");
+    let first = revs[&1].clone();
+    assert_eq!(first.name_any(), format!("hist-{first_hash}"));
+    assert_eq!(first.labels()["controller-revision-hash"], first_hash);
+    let owner = &first.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller, Some(&owner.uid)),
+        ("DaemonSet", Some(true), ds.uid().as_ref())
+    );
+    assert_eq!(revision_image(&first), "agent:1");
+
+    // A new template: revision 2, `kubectl rollout status` and `history` see it.
+    k.ok(&["set", "image", "daemonset/hist", "c=agent:2"]);
+    let out = k.ok(&["rollout", "status", "daemonset/hist", "--timeout=120s"]);
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let second_hash = wait_rolled(&c, "hist", 2, "agent:2").await;
+    assert!(!second_hash.contains(&first_hash), "{second_hash:?}");
+    let history = k.ok(&["rollout", "history", "daemonset/hist"]);
+    let numbers: Vec<&str> = history
+        .lines()
+        .skip_while(|l| !l.starts_with("REVISION"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(numbers, ["1", "2"], "{history}");
+    let detail = k.ok(&["rollout", "history", "daemonset/hist", "--revision=1"]);
+    assert!(detail.contains("agent:1"), "{detail}");
+
+    // Undo: the DaemonSet gets revision 1's template back, which becomes revision 3 (the
+    // same object renumbered), and the pods are made from it with its hash.
+    let out = k.ok(&["rollout", "undo", "daemonset/hist"]);
+    assert!(out.contains("rolled back"), "{out}");
+    k.ok(&["rollout", "status", "daemonset/hist", "--timeout=120s"]);
+    let hashes = wait_rolled(&c, "hist", 2, "agent:1").await;
+    assert_eq!(hashes, BTreeSet::from([first_hash.clone()]));
+    let revs = revisions_of(&c, "hist").await;
+    assert_eq!(revs.keys().copied().collect::<Vec<_>>(), [2, 3], "{revs:?}");
+    assert_eq!(revs[&3].name_any(), first.name_any());
+    assert_eq!(revs[&3].uid(), first.uid());
+
+    // revisionHistoryLimit 2: two more templates leave the current revision and the two
+    // before it; the oldest (agent:2) is deleted.
+    for image in ["agent:3", "agent:4"] {
+        k.ok(&["set", "image", "daemonset/hist", &format!("c={image}")]);
+        wait_rolled(&c, "hist", 2, image).await;
+    }
+    let kept = wait_until_async("history truncated to 2 + the current", WAIT, || async {
+        let revs = revisions_of(&c, "hist").await;
+        let numbers: Vec<i64> = revs.keys().copied().collect();
+        (numbers == [3, 4, 5]).then_some(revs).ok_or(numbers)
+    })
+    .await;
+    let images: Vec<String> = kept.values().map(revision_image).collect();
+    assert_eq!(images, ["agent:1", "agent:3", "agent:4"]);
+    let status = api.get("hist").await.unwrap().status.unwrap();
+    assert_eq!(status.collision_count, None);
     c.shutdown().await;
 }
 

@@ -9,6 +9,9 @@
 //! 3. a proxy pod deleted is replaced while a client on that node loops through the
 //!    ClusterIP: zero failed requests (the pinned maps keep translating meanwhile);
 //! 4. `kubectl rollout restart` under a looping client (zero failures), every pod replaced.
+//! 5. the template changed (`kubectl set env`) under a looping client: `rollout history`
+//!    lists the three templates (ControllerRevisions), `rollout undo` under the client
+//!    returns the pods to the previous template (the env var gone) with no failure.
 //!
 //! Needs the daemons built and the images in the local registry (`cargo xtask images`,
 //! which `cargo xtask test` runs), the proxy's image included.
@@ -108,6 +111,38 @@ fn projected_token(c: &Cluster, pod: &ProxyPod) -> String {
         .unwrap_or_else(|| panic!("no kube-api-access volume in {}", dir.display()));
     std::fs::read_to_string(access.path().join("token")).expect("the projected token")
 }
+
+/// The revision numbers `kubectl rollout history` lists.
+fn history(k: &Kubectl) -> Vec<u64> {
+    let out = k.ok(&["rollout", "history", DS, "-n", NAMESPACE]);
+    out.lines()
+        .skip_while(|l| !l.starts_with("REVISION"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// The value of `MARK` in each live proxy pod's spec (None where it is not set).
+fn marks(k: &Kubectl) -> Vec<Option<String>> {
+    e2e::json(k, &["get", "pods", "-n", NAMESPACE, "-l", SELECTOR])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| {
+            p["spec"]["containers"][0]["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == MARK)
+                .and_then(|e| e["value"].as_str())
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// An env var only this test sets on the proxy's template.
+const MARK: &str = "SKIFF_TEST_REVISION";
 
 fn restarted_at(k: &Kubectl) -> Option<String> {
     e2e::json(k, &["get", DS, "-n", NAMESPACE])["spec"]["template"]["metadata"]["annotations"]
@@ -236,4 +271,38 @@ fn the_proxy_runs_as_a_daemonset() {
     assert!(restarted_at(&k).is_some());
     let (_, failed) = e2e::probe(&c, 0, &addr, 20);
     assert_eq!(failed, 0, "the service after the restart");
+
+    // 5. A new template under a looping client, its history, and an undo back.
+    let before: Vec<String> = proxy_pods(&k).into_iter().map(|p| p.name).collect();
+    no_failure_while(
+        &c,
+        0,
+        &addr,
+        "template changed (set env), rolled out",
+        || {
+            k.ok(&["set", "env", DS, "-n", NAMESPACE, &format!("{MARK}=2")]);
+            k.ok(&["rollout", "status", DS, "-n", NAMESPACE, "--timeout=180s"]);
+            wait_proxies(&k, &nodes, &before);
+            c.wait_proxy_daemonset()
+                .unwrap_or_else(|e| panic!("after set env: {e}"));
+        },
+    );
+    assert_eq!(marks(&k), [Some("2".to_string()), Some("2".to_string())]);
+    // The manifest's template, the restart's, this one.
+    assert_eq!(history(&k), [1, 2, 3]);
+    let detail = k.ok(&["rollout", "history", DS, "-n", NAMESPACE, "--revision=3"]);
+    assert!(detail.contains(MARK), "{detail}");
+    let before: Vec<String> = proxy_pods(&k).into_iter().map(|p| p.name).collect();
+    no_failure_while(&c, 1, &addr, "rollout undo of the DaemonSet", || {
+        let out = k.ok(&["rollout", "undo", DS, "-n", NAMESPACE]);
+        assert!(out.contains("rolled back"), "{out}");
+        k.ok(&["rollout", "status", DS, "-n", NAMESPACE, "--timeout=180s"]);
+        wait_proxies(&k, &nodes, &before);
+        c.wait_proxy_daemonset()
+            .unwrap_or_else(|e| panic!("after the undo: {e}"));
+    });
+    assert_eq!(marks(&k), [None, None]);
+    assert!(restarted_at(&k).is_some(), "revision 2's template is back");
+    // Revision 2 taken back is renumbered 4, not copied.
+    assert_eq!(history(&k), [1, 3, 4]);
 }

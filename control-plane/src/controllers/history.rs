@@ -5,9 +5,10 @@
 //! A revision holds the template as the patch that restores it
 //! (`{"spec":{"template":{...,"$patch":"replace"}}}`), is named `<parent>-<hash>` (the
 //! template's pod-template-hash, the same function Deployments use, with a collision count),
-//! carries the template's labels (kubectl finds revisions by the parent's selector) and the
-//! parent's annotations, and is controlled by its parent. A template equal to an older
-//! revision's reuses it with the next revision number, so an undo does not grow the history.
+//! carries the template's labels (kubectl finds revisions by the parent's selector), the hash
+//! under the parent kind's label ([`HashLabel`]) and the parent's annotations, and is
+//! controlled by its parent. A template equal to an older revision's reuses it with the next
+//! revision number, so an undo does not grow the history.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -27,6 +28,29 @@ use crate::runtime::{Informer, ReconcileError};
 
 /// The label with a revision's hash.
 pub const HASH_LABEL: &str = "controller.kubernetes.io/hash";
+
+/// Which label of a revision carries its hash: Kubernetes' StatefulSet controller uses the
+/// generic one, the DaemonSet controller the label its pods carry too, so a pod names the
+/// revision it was made from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashLabel {
+    /// `controller.kubernetes.io/hash` ([`HASH_LABEL`]).
+    Generic,
+    /// `controller-revision-hash`, shared with the pods.
+    PodRevision,
+}
+
+impl HashLabel {
+    pub fn key(self) -> &'static str {
+        match self {
+            HashLabel::Generic => HASH_LABEL,
+            HashLabel::PodRevision => POD_REVISION_LABEL,
+        }
+    }
+}
+
+/// The label of a DaemonSet's pods (and of its revisions) with the revision's hash.
+pub const POD_REVISION_LABEL: &str = "controller-revision-hash";
 /// Names longer than this leave no room for the hash.
 const MAX_PREFIX: usize = 223;
 
@@ -82,13 +106,14 @@ pub fn revisions_of(
 }
 
 /// The revision for `template` (created, or reused with the next number), and the collision
-/// count it took.
+/// count it took; the hash goes under `label`.
 pub async fn ensure<K>(
     client: &Client,
     parent: &K,
     existing: &[Arc<ControllerRevision>],
     template: &PodTemplateSpec,
     collision_count: i32,
+    label: HashLabel,
 ) -> Result<(ControllerRevision, i32), ReconcileError>
 where
     K: Resource<DynamicType = ()>,
@@ -118,7 +143,7 @@ where
             .as_ref()
             .and_then(|m| m.labels.clone())
             .unwrap_or_default();
-        labels.insert(HASH_LABEL.into(), hash.clone());
+        labels.insert(label.key().into(), hash.clone());
         let cr = ControllerRevision {
             metadata: ObjectMeta {
                 name: Some(revision_name(&parent.name_any(), &hash)),

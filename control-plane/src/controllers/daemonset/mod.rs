@@ -9,17 +9,21 @@
 //! unavailable (the next pass creates their replacements). Status: desired, current,
 //! misscheduled, ready, available (minReadySeconds), updated, unavailable counts.
 //!
-//! The revision hash is the pod-template hash of Deployments over the template (Kubernetes
-//! stores ControllerRevision objects; this server does not serve them, so there is no
-//! `kubectl rollout undo` for DaemonSets).
+//! History: each template is kept as a ControllerRevision ([`super::history`]) named
+//! `<ds>-<hash>`, labelled with the template's labels and `controller-revision-hash: <hash>`,
+//! controlled by the DaemonSet, numbered in order; a template equal to an older revision's
+//! (`kubectl rollout undo`) renumbers that revision instead of adding one. Pods get the
+//! current revision's hash, so the pods of an undone-to revision count as updated again.
+//! Revisions no pod uses beyond `revisionHistoryLimit` (10) are deleted, oldest first.
+//! `kubectl rollout history|undo daemonset` read these revisions by the DaemonSet's selector.
 
 pub mod placement;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
@@ -27,16 +31,17 @@ use kube::api::{Api, PostParams};
 use kube::{Client, Resource, ResourceExt};
 
 use super::deployment::util::{pod_template_hash, scaled_value};
+use super::history::{self, HashLabel};
 use super::{pods, Context};
 use crate::machinery::LabelSelector;
-use crate::runtime::owner::{self, controller_of};
+use crate::runtime::owner::{self, controller_of, BY_CONTROLLER_UID};
 use crate::runtime::{
     Action, Change, Controller, EventType, Expectations, Informer, ObjectKey, ReconcileError,
     Reconciler, Recorder, WorkQueue,
 };
 
 pub const NAME: &str = "daemonset";
-pub const REVISION_HASH: &str = "controller-revision-hash";
+pub const REVISION_HASH: &str = history::POD_REVISION_LABEL;
 const TEMPLATE_GENERATION: &str = "pod-template-generation";
 /// The most pods created in one pass (kube-controller-manager's BurstReplicas for DaemonSets).
 const BURST: usize = 250;
@@ -46,6 +51,7 @@ pub struct DaemonSetController {
     sets: Informer<DaemonSet>,
     pods: Informer<Pod>,
     nodes: Informer<Node>,
+    revisions: Informer<ControllerRevision>,
     expectations: Arc<Expectations<ObjectKey, ObjectKey>>,
     recorder: Recorder,
 }
@@ -82,7 +88,12 @@ pub fn build(ctx: &Context) -> Controller<DaemonSetController> {
     let sets = ctx.informers.get::<DaemonSet>();
     let pods = ctx.informers.get::<Pod>();
     let nodes = ctx.informers.get::<Node>();
+    let revisions = ctx.informers.get::<ControllerRevision>();
     super::index_pods(&pods);
+    revisions.add_index(
+        BY_CONTROLLER_UID,
+        owner::index_by_controller_uid::<ControllerRevision>,
+    );
     let queue: WorkQueue<ObjectKey> = WorkQueue::new();
     let expectations: Arc<Expectations<ObjectKey, ObjectKey>> = Arc::default();
 
@@ -151,11 +162,23 @@ pub fn build(ctx: &Context) -> Controller<DaemonSetController> {
         }
     });
 
+    let (q, s) = (queue.clone(), sets.clone());
+    revisions.on_change(move |c| {
+        // A revision deleted or changed by someone else: its DaemonSet restores its history.
+        let r = c.object();
+        if let Some(k) =
+            controller_of(r.meta()).and_then(|o| resolve(&s, &r.namespace().unwrap_or_default(), o))
+        {
+            q.add(k);
+        }
+    });
+
     let reconciler = DaemonSetController {
         client: ctx.client.clone(),
         sets,
         pods,
         nodes,
+        revisions,
         expectations,
         recorder: ctx.events.recorder("daemonset-controller"),
     };
@@ -224,7 +247,21 @@ impl Reconciler for DaemonSetController {
             tracing::warn!(daemonset = %key, "invalid or empty selector; not syncing");
             return Ok(Action::AwaitChange);
         };
-        let hash = revision_hash(&ds);
+        let deleting = ds.metadata.deletion_timestamp.is_some();
+        let (hash, collisions) = if deleting {
+            (
+                revision_hash(&ds),
+                ds.status.as_ref().and_then(|s| s.collision_count),
+            )
+        } else {
+            let (hash, collisions) = self.current_revision(&ds).await?;
+            // Kept as it was (unset) until a collision happens.
+            let had = ds
+                .status
+                .as_ref()
+                .is_some_and(|s| s.collision_count.is_some());
+            (hash, (had || collisions > 0).then_some(collisions))
+        };
         let template = daemon_template(&ds);
         let spec = template.spec.clone().unwrap_or_default();
         let mut nodes = self.nodes.list();
@@ -250,7 +287,7 @@ impl Reconciler for DaemonSetController {
             .unwrap_or(0),
         );
         let mut result = Ok(false);
-        if self.expectations.satisfied(key) && ds.metadata.deletion_timestamp.is_none() {
+        if self.expectations.satisfied(key) && !deleting {
             result = self
                 .manage(key, &ds, &template, &hash, &nodes, &by_node)
                 .await;
@@ -261,8 +298,17 @@ impl Reconciler for DaemonSetController {
                     .await
                     .map(|()| true);
             }
+            if result.is_ok() {
+                self.truncate_history(&ds, &hash, &by_node).await?;
+            }
         }
-        self.update_status(&ds, &spec, &hash, &nodes, &by_node, min_ready, now)
+        let counts = Placement {
+            spec: &spec,
+            hash: &hash,
+            nodes: &nodes,
+            by_node: &by_node,
+        };
+        self.update_status(&ds, &counts, collisions, min_ready, now)
             .await?;
         result?;
         if !min_ready.is_zero() {
@@ -281,7 +327,87 @@ fn is_rolling(ds: &DaemonSet) -> bool {
         .is_none_or(|t| t == "RollingUpdate")
 }
 
+/// What a status is counted from: the daemon pod spec, the current revision's hash, the
+/// nodes and the claimed pods by node.
+struct Placement<'a> {
+    spec: &'a k8s_openapi::api::core::v1::PodSpec,
+    hash: &'a str,
+    nodes: &'a [Arc<Node>],
+    by_node: &'a BTreeMap<String, Vec<Arc<Pod>>>,
+}
+
 impl DaemonSetController {
+    /// The revision of the DaemonSet's template (created, or an older one renumbered) and
+    /// its hash, which new pods carry; with the collision count that took.
+    async fn current_revision(&self, ds: &DaemonSet) -> Result<(String, i32), ReconcileError> {
+        let uid = ds.uid().unwrap_or_default();
+        let ns = ds.namespace().unwrap_or_default();
+        let existing = history::revisions_of(&self.revisions, &uid, &ns);
+        let template = ds
+            .spec
+            .as_ref()
+            .map(|s| s.template.clone())
+            .unwrap_or_default();
+        let collisions = ds
+            .status
+            .as_ref()
+            .and_then(|s| s.collision_count)
+            .unwrap_or(0);
+        let (current, collisions) = history::ensure(
+            &self.client,
+            ds,
+            &existing,
+            &template,
+            collisions,
+            HashLabel::PodRevision,
+        )
+        .await?;
+        // The revision's own label, not a hash computed again: an older revision taken
+        // back by an undo keeps the hash its pods were made with.
+        let hash = current
+            .labels()
+            .get(REVISION_HASH)
+            .cloned()
+            .unwrap_or_else(|| revision_hash(ds));
+        Ok((hash, collisions))
+    }
+
+    /// Deletes the oldest revisions beyond `revisionHistoryLimit` that neither the current
+    /// template nor any of the DaemonSet's pods use.
+    async fn truncate_history(
+        &self,
+        ds: &DaemonSet,
+        hash: &str,
+        by_node: &BTreeMap<String, Vec<Arc<Pod>>>,
+    ) -> Result<(), ReconcileError> {
+        let uid = ds.uid().unwrap_or_default();
+        let ns = ds.namespace().unwrap_or_default();
+        let revisions = history::revisions_of(&self.revisions, &uid, &ns);
+        let limit = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.revision_history_limit)
+            .unwrap_or(10);
+        if revisions.len() <= usize::try_from(limit).unwrap_or(0) + 1 {
+            return Ok(());
+        }
+        let hashes: HashSet<&str> = by_node
+            .values()
+            .flatten()
+            .filter_map(|p| p.labels().get(REVISION_HASH).map(String::as_str))
+            .chain([hash])
+            .collect();
+        let live: HashSet<String> = revisions
+            .iter()
+            .filter(|r| {
+                r.labels()
+                    .get(REVISION_HASH)
+                    .is_some_and(|h| hashes.contains(h.as_str()))
+            })
+            .map(|r| r.name_any())
+            .collect();
+        history::truncate(&self.client, &revisions, &live, limit).await
+    }
     /// Creates missing daemon pods and deletes failed, surplus and misplaced ones; true if it
     /// wrote anything.
     async fn manage(
@@ -488,17 +614,20 @@ impl DaemonSetController {
         first.map_or(Ok(()), Err)
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn update_status(
         &self,
         ds: &DaemonSet,
-        spec: &k8s_openapi::api::core::v1::PodSpec,
-        hash: &str,
-        nodes: &[Arc<Node>],
-        by_node: &BTreeMap<String, Vec<Arc<Pod>>>,
+        placed: &Placement<'_>,
+        collision_count: Option<i32>,
         min_ready: Duration,
         now: Timestamp,
     ) -> Result<(), ReconcileError> {
+        let Placement {
+            spec,
+            hash,
+            nodes,
+            by_node,
+        } = *placed;
         let (mut desired, mut current, mut misscheduled, mut ready, mut available, mut updated) =
             (0, 0, 0, 0, 0, 0);
         for node in nodes {
@@ -534,7 +663,7 @@ impl DaemonSetController {
             updated_number_scheduled: Some(updated),
             number_unavailable: Some(desired - available).filter(|u| *u > 0),
             observed_generation: ds.metadata.generation,
-            collision_count: status.collision_count,
+            collision_count,
             conditions: status.conditions.take(),
         };
         if ds.status.as_ref() == Some(&new) {

@@ -486,6 +486,7 @@ impl Reconciler for StatefulSetController {
             &existing,
             &spec.template,
             collisions,
+            history::HashLabel::Generic,
         )
         .await?;
         let update_name = update.name_any();
