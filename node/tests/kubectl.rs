@@ -447,6 +447,52 @@ async fn kubectl_proxy_reaches_pods_services_and_the_node() {
         r.stderr
     );
 
+    // An `https:` backend: a pod serving TLS with a certificate from a CA the cluster does
+    // not know (as Kubernetes, the proxy does not verify it), through pods/proxy and
+    // services/proxy.
+    let ca = skiff_tests::tls::TestCa::new("a pod's own CA");
+    let issued = ca.issue(&["tls.default.svc"]);
+    let tls = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tls"},
+         "stringData": {"tls.crt": issued.cert_pem, "tls.key": issued.key_pem}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tls", "labels": {"app": "tls"}},
+         "spec": {"nodeName": c.node_name(),
+            "containers": [{"name": "tls", "image": ECHO_IMAGE,
+                "args": ["webhook", "--cert", "/tls/tls.crt", "--key", "/tls/tls.key",
+                         "--sidecar-image", ECHO_IMAGE, "--port", "8443"],
+                "ports": [{"name": "https", "containerPort": 8443}],
+                "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": true}]}],
+            "volumes": [{"name": "tls", "secret": {"secretName": "tls"}}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tls"},
+         "spec": {"selector": {"app": "tls"},
+                  "ports": [{"name": "https", "port": 443, "targetPort": "https"}]}}]});
+    let manifest = c.scratch().join("tls.json");
+    std::fs::write(&manifest, tls.to_string()).unwrap();
+    kubectl_ok(&k, &["apply", "-f", manifest.to_str().unwrap()]);
+    c.wait_pod("tls", "tls Running", |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await;
+    wait_until("pods/proxy to an https backend", T, || {
+        let r = raw(&format!("{pods}/https:tls:8443/proxy/healthz"));
+        if r.stdout == "ok\n" {
+            Ok(())
+        } else {
+            Err(r.stderr)
+        }
+    });
+    // The scheme matters: plain HTTP to the TLS port gets no HTTP answer.
+    let r = raw(&format!("{pods}/http:tls:8443/proxy/healthz"));
+    assert!(!r.success, "{r:?}");
+    wait_until("services/proxy to an https backend", T, || {
+        let r = raw(&format!("{services}/https:tls:https/proxy/healthz"));
+        if r.stdout == "ok\n" {
+            Ok(())
+        } else {
+            Err(r.stderr)
+        }
+    });
+
     // nodes/proxy: the node agent's own API.
     let r = raw(&format!("/api/v1/nodes/{}/proxy/healthz", c.node_name()));
     assert_eq!(r.stdout, "ok", "{}", r.stderr);

@@ -171,6 +171,79 @@ pub fn server_config(cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::Server
     Ok(Arc::new(config))
 }
 
+/// Accepts any server certificate (the handshake's signatures are still checked against
+/// the certificate presented): what Kubernetes' proxy transport does for `https:` pod and
+/// service backends of the proxy subresources (`InsecureSkipVerify`), whose certificates
+/// name whatever their owners chose and come from CAs the cluster does not know.
+#[derive(Debug)]
+struct AnyServerCert;
+
+impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The client configuration for `https:` backends of pods/proxy and services/proxy: any
+/// server certificate accepted, as Kubernetes does there (see [`AnyServerCert`]); no client
+/// certificate (the API server's own identity is not the caller's). HTTP/1.1 only.
+///
+/// SECURITY: for those proxy backends ONLY (its one caller is
+/// `apiserver::handlers::proxy_subresource::tls_to_backend`). Webhooks, the node agent's
+/// API (nodes/proxy too), etcd and every other peer the control plane trusts use
+/// [`client_config`]-style configurations that verify against a known CA.
+pub fn unverified_backend_config() -> Result<Arc<rustls::ClientConfig>, PkiError> {
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(PkiError::tls("TLS versions"))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServerCert))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// A client configuration that trusts the CA in `ca_pem` only, presenting `identity`
 /// (certificate chain and key PEM) when given. HTTP/1.1 only (ALPN): the callers relay
 /// upgrades.

@@ -416,13 +416,11 @@ async fn relay(
     backend: &Backend,
     pod_ip: &str,
 ) -> Result<Resp, ApiError> {
-    if scheme == Scheme::Https && !matches!(backend, Backend::Kubelet(_)) {
-        return Err(ApiError::bad_request(
-            "proxying to https backends is not supported by this server yet",
-        ));
-    }
     let authority = backend.authority(pod_ip);
-    let io = open(ctx, backend).await?;
+    let mut io = open(ctx, backend).await?;
+    if scheme == Scheme::Https && !matches!(backend, Backend::Kubelet(_)) {
+        io = Box::new(tls_to_backend(io, &authority).await?);
+    }
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(unreachable)?;
@@ -453,6 +451,30 @@ async fn relay(
     let resp = sender.send_request(req).await.map_err(unreachable)?;
     let request_host = call.header(header::HOST).unwrap_or_default();
     Ok(answer(resp, &authority, request_host, prefix))
+}
+
+/// TLS to an `https:` pod or service backend over `io` (the pod tunnel, or a direct
+/// connection), its certificate not verified as Kubernetes' proxy transport does not; the
+/// server name sent is the backend's host (an IP address: no SNI).
+async fn tls_to_backend(
+    io: Box<dyn super::proxy::Io>,
+    authority: &str,
+) -> Result<impl super::proxy::Io, ApiError> {
+    let config = crate::pki::tls::unverified_backend_config().map_err(ApiError::internal)?;
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| ApiError::bad_request(format!("backend name {host:?}: {e}")))?;
+    tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio_rustls::TlsConnector::from(config).connect(name, io),
+    )
+    .await
+    .map_err(|_| unreachable("the TLS handshake timed out"))?
+    .map_err(unreachable)
 }
 
 /// The backend's answer for the client: its status, its headers but the hop-by-hop and
