@@ -323,6 +323,13 @@ pub fn parse_cri_log(raw: &str, timestamps: bool, flush_partial: bool) -> Vec<St
     out
 }
 
+/// Whether the container's output so far ended without a newline (its last CRI record is a
+/// partial one): the log then ends without one too, as the kubelet writes it, so `cat` of a
+/// file with no final newline (`/proc/1/cmdline`) reads back byte for byte.
+fn ends_unterminated(raw: &str) -> bool {
+    raw.lines().next_back().and_then(|l| l.split(' ').nth(2)) == Some("P")
+}
+
 async fn logs(
     State(s): State<ApiState>,
     Path((namespace, pod, container)): Path<(String, String, String)>,
@@ -367,6 +374,9 @@ async fn logs(
     for l in &lines[start..] {
         first.push_str(l);
         first.push('\n');
+    }
+    if start < lines.len() && ends_unterminated(&raw) {
+        first.pop();
     }
     if !flag(&q, "follow") || previous {
         return text(StatusCode::OK, first);
@@ -673,6 +683,9 @@ mod tests {
         let unterminated = "2024-01-01T00:00:00.1Z stdout P /echo\0serve\0\n";
         assert_eq!(parse_cri_log(unterminated, false, true), ["/echo\0serve\0"]);
         assert!(parse_cri_log(unterminated, false, false).is_empty());
+        assert!(ends_unterminated(unterminated));
+        assert!(!ends_unterminated(raw));
+        assert!(!ends_unterminated(""));
     }
 
     #[test]

@@ -638,4 +638,87 @@ async fn kubectl_debug_adds_ephemeral_containers() {
         own.contains("cat"),
         "dbg2 has its own PID namespace: {own:?}"
     );
+
+    // A copy of the pod with a shared process namespace: the debugger sees the sandbox's
+    // pause process as PID 1.
+    kubectl_ok(
+        &k,
+        &[
+            "debug",
+            "web",
+            "--copy-to=web-copy",
+            "--same-node",
+            "--share-processes",
+            "--image",
+            ECHO_IMAGE,
+            "--container=dbg",
+            "--",
+            "/echo",
+            "cat",
+            "/proc/1/cmdline",
+        ],
+    );
+    c.wait_pod("web-copy", "the copy's debugger ran", |p| {
+        p.status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .any(|s| s.name == "dbg" && s.state.as_ref().is_some_and(|st| st.terminated.is_some()))
+    })
+    .await;
+    // The runtime may write the last (unterminated) output after reporting the exit.
+    wait_until("the copy's debugger saw pause as PID 1", T, || {
+        let log = kubectl(&k, &["logs", "web-copy", "-c", "dbg"]).stdout;
+        if log.contains("pause") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+
+    // A node debugging pod: the node's root at /host, its PID namespace.
+    let node = c.node_name();
+    let out = kubectl_ok(
+        &k,
+        &[
+            "debug",
+            &format!("node/{node}"),
+            "--image",
+            ECHO_IMAGE,
+            "--",
+            "/echo",
+            "cat",
+            "/host/etc/hostname",
+            "/proc/1/cmdline",
+        ],
+    );
+    let pod = out
+        .split_whitespace()
+        .find(|w| w.starts_with("node-debugger-"))
+        .unwrap_or_else(|| panic!("the debugging pod's name in {out:?}"))
+        .to_string();
+    let p = c
+        .wait_pod(&pod, "the node debugger ran", |p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+        })
+        .await;
+    let spec = p.spec.unwrap();
+    assert_eq!(spec.host_pid, Some(true));
+    assert_eq!(spec.host_network, Some(true));
+    assert_eq!(spec.host_ipc, Some(true));
+    assert_eq!(spec.node_name.as_deref(), Some(node.as_str()));
+    let hostname = std::fs::read_to_string("/etc/hostname").unwrap();
+    let init = std::fs::read("/proc/1/cmdline").unwrap();
+    let seen = wait_until("the node debugger's output", T, || {
+        let log = kubectl(&k, &["logs", &pod]).stdout;
+        if log.len() >= hostname.len() + init.len() {
+            Ok(log)
+        } else {
+            Err(log)
+        }
+    });
+    assert!(seen.starts_with(&hostname), "{seen:?}");
+    assert!(
+        seen.ends_with(&*String::from_utf8_lossy(&init)),
+        "the host's PID 1: {seen:?}"
+    );
 }

@@ -22,6 +22,8 @@ use serde_json::{json, Map, Value};
 
 use crate::machinery::ApiError;
 
+mod pod;
+
 const MAGIC: &[u8] = b"k8s\0";
 
 /// Decodes a protobuf-encoded object into its JSON form.
@@ -45,6 +47,7 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
             ])
         }
         ("batch/v1", "CronJob") => cron_job(batch::CronJob::decode(&*bytes).map_err(bad)?)?,
+        ("v1", "Pod") => pod::pod(core::Pod::decode(&*bytes).map_err(bad)?)?,
         ("v1", "ConfigMap") => config_map(core::ConfigMap::decode(&*bytes).map_err(bad)?),
         ("v1", "Secret") => secret(core::Secret::decode(&*bytes).map_err(bad)?),
         ("v1", "Namespace") => namespace(core::Namespace::decode(&*bytes).map_err(bad)?),
@@ -203,6 +206,13 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     Ok(v)
 }
 
+/// Whether [`decode`] converts `kind`'s status. The others' (a pod's, a deployment's...) are
+/// the server's and its controllers', written in JSON here; the status subresource refuses
+/// them in protobuf rather than dropping them.
+pub fn converts_status(kind: &str) -> bool {
+    kind == "CertificateSigningRequest"
+}
+
 /// A CertificateSigningRequest (`kubectl certificate approve|deny` sends the whole object to
 /// `/approval`).
 fn certificate_signing_request(c: certificates::CertificateSigningRequest) -> Value {
@@ -304,15 +314,6 @@ fn strings(v: Vec<String>) -> Option<Value> {
 
 fn map(m: std::collections::BTreeMap<String, String>) -> Option<Value> {
     (!m.is_empty()).then(|| json!(m))
-}
-
-fn list<T>(v: Vec<T>, f: impl Fn(T) -> Result<Value, ApiError>) -> Result<Option<Value>, ApiError> {
-    if v.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Value::Array(
-        v.into_iter().map(f).collect::<Result<_, _>>()?,
-    )))
 }
 
 /// metav1.DeleteOptions (what `kubectl drain` and the typed clients' Delete send).
@@ -613,107 +614,7 @@ fn cron_job(c: batch::CronJob) -> Result<Value, ApiError> {
 fn pod_template(t: core::PodTemplateSpec) -> Result<Value, ApiError> {
     Ok(obj(vec![
         ("metadata", Some(object_meta(t.metadata))),
-        ("spec", t.spec.map(pod_spec).transpose()?),
-    ]))
-}
-
-fn pod_spec(p: core::PodSpec) -> Result<Value, ApiError> {
-    // An empty securityContext is what defaulting leaves in stored templates (a Job made
-    // `--from=cronjob/x` carries it back): nothing to convert.
-    let security = p
-        .security_context
-        .filter(|c| *c != core::PodSecurityContext::default());
-    if !p.volumes.is_empty() || p.affinity.is_some() || security.is_some() {
-        return Err(unsupported("pod volumes, affinity or securityContext"));
-    }
-    Ok(obj(vec![
-        (
-            "containers",
-            list(p.containers, container)?.or(Some(json!([]))),
-        ),
-        ("initContainers", list(p.init_containers, container)?),
-        ("restartPolicy", s(p.restart_policy)),
-        (
-            "terminationGracePeriodSeconds",
-            n(p.termination_grace_period_seconds),
-        ),
-        ("activeDeadlineSeconds", n(p.active_deadline_seconds)),
-        ("dnsPolicy", s(p.dns_policy)),
-        ("nodeSelector", map(p.node_selector)),
-        ("serviceAccountName", s(p.service_account_name)),
-        ("nodeName", s(p.node_name)),
-        ("hostNetwork", nz(p.host_network)),
-        ("hostname", s(p.hostname)),
-        ("subdomain", s(p.subdomain)),
-        ("schedulerName", s(p.scheduler_name)),
-        ("priorityClassName", s(p.priority_class_name)),
-        (
-            "tolerations",
-            list(p.tolerations, |t| {
-                Ok(obj(vec![
-                    ("key", s(t.key)),
-                    ("operator", s(t.operator)),
-                    ("value", s(t.value)),
-                    ("effect", s(t.effect)),
-                    ("tolerationSeconds", n(t.toleration_seconds)),
-                ]))
-            })?,
-        ),
-    ]))
-}
-
-fn container(c: core::Container) -> Result<Value, ApiError> {
-    if !c.volume_mounts.is_empty()
-        || !c.env_from.is_empty()
-        || c.env.iter().any(|e| e.value_from.is_some())
-        || c.liveness_probe.is_some()
-        || c.readiness_probe.is_some()
-        || c.startup_probe.is_some()
-        || c.lifecycle.is_some()
-        || c.security_context
-            .as_ref()
-            .is_some_and(|c| *c != core::SecurityContext::default())
-    {
-        return Err(unsupported(
-            "container volumeMounts, envFrom, valueFrom, probes, lifecycle or securityContext",
-        ));
-    }
-    let resources = c.resources.map(|r| {
-        obj(vec![
-            ("limits", quantities(r.limits)),
-            ("requests", quantities(r.requests)),
-        ])
-    });
-    Ok(obj(vec![
-        ("name", s(c.name)),
-        ("image", s(c.image)),
-        ("command", strings(c.command)),
-        ("args", strings(c.args)),
-        ("workingDir", s(c.working_dir)),
-        (
-            "ports",
-            list(c.ports, |p| {
-                Ok(obj(vec![
-                    ("name", s(p.name)),
-                    ("hostPort", nz(p.host_port)),
-                    ("containerPort", nz(p.container_port)),
-                    ("protocol", s(p.protocol)),
-                    ("hostIP", s(p.host_ip)),
-                ]))
-            })?,
-        ),
-        (
-            "env",
-            list(c.env, |e| {
-                Ok(obj(vec![("name", s(e.name)), ("value", s(e.value))]))
-            })?,
-        ),
-        ("resources", resources),
-        ("terminationMessagePath", s(c.termination_message_path)),
-        ("terminationMessagePolicy", s(c.termination_message_policy)),
-        ("imagePullPolicy", s(c.image_pull_policy)),
-        ("stdin", nz(c.stdin)),
-        ("tty", nz(c.tty)),
+        ("spec", t.spec.map(pod::pod_spec).transpose()?),
     ]))
 }
 
@@ -847,7 +748,7 @@ mod tests {
     use super::*;
     use k8s_pb::apimachinery::pkg::runtime::TypeMeta;
 
-    fn envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
+    pub(super) fn envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
         let u = Unknown {
             type_meta: Some(TypeMeta {
                 api_version: Some(api_version.into()),

@@ -256,6 +256,16 @@ pub async fn update(
     part: Part,
 ) -> Result<Resp, ApiError> {
     let opts = options(call)?;
+    if part == Part::Status
+        && BodyFormat::of(call.header(header::CONTENT_TYPE))? == BodyFormat::Protobuf
+        && !crate::apiserver::protobuf::converts_status(call.resource.kind)
+    {
+        // The protobuf decoders drop what they do not convert of a status (kubectl never
+        // writes one); a status write must not lose it silently.
+        return Err(ApiError::unsupported_media_type(
+            "application/vnd.kubernetes.protobuf for a status (send JSON)",
+        ));
+    }
     let mut obj = decode_body(call, &opts)?;
     match meta::name(&obj) {
         Some(n) if n != name => {
