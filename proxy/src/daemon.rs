@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub cgroup: PathBuf,
     pub bpffs: PathBuf,
     pub metrics: SocketAddr,
+    /// Where /healthz and /programmed are served for the API server's pods/proxy.
+    pub status: Option<SocketAddr>,
     pub sizes: MapSizes,
     /// The node this proxy runs on: which endpoints are local.
     pub node_name: Option<String>,
@@ -292,6 +294,12 @@ async fn serve<D: Dataplane + Send + 'static>(
             source,
         })?;
     tracing::info!(addr = %bound, "metrics and /healthz listening");
+    if let Some(addr) = opts.status {
+        let bound = metrics::serve_status(addr, shared.clone(), opts.node_name.clone())
+            .await
+            .map_err(|source| DaemonError::Metrics { addr, source })?;
+        tracing::info!(addr = %bound, "/healthz and /programmed listening");
+    }
 
     let (tx, mut rx) = mpsc::channel(4096);
     let source_task = match &opts.source {
@@ -352,6 +360,8 @@ async fn serve<D: Dataplane + Send + 'static>(
         // Until the source has listed everything the data path is left alone: a service
         // seen before its slices must not be programmed empty (refusing connections that
         // a previous run routes fine).
+        // Services written in this batch, with what they were written with.
+        let mut written = Vec::new();
         if initial_done || synced {
             for svc in std::mem::take(&mut affected) {
                 let _ = north_south.send(northsouth::ServiceUpdate {
@@ -360,12 +370,17 @@ async fn serve<D: Dataplane + Send + 'static>(
                     service: svc.clone(),
                 });
                 let frontends = desired.frontends(&svc);
-                for e in dp.update(&svc, &frontends) {
+                let errors = dp.update(&svc, &frontends);
+                let complete = errors.is_empty();
+                for e in errors {
                     shared.metrics.error(e.kind());
                     if matches!(e, DataplaneError::Full { .. }) {
                         unprogrammed.insert(svc.clone());
                     }
                     tracing::error!(service = %svc, error = %e, "service not fully programmed");
+                }
+                if complete {
+                    written.push((svc, frontends));
                 }
             }
         }
@@ -381,9 +396,18 @@ async fn serve<D: Dataplane + Send + 'static>(
                 tracing::error!(error = %e, "cleaning up after the initial sync");
             }
         }
-        if let Err(e) = dp.flush() {
-            shared.metrics.error(e.kind());
-            tracing::error!(error = %e, "writing the data path");
+        match dp.flush() {
+            Ok(()) => {
+                let now = SystemTime::now();
+                let mut programmed = shared.programmed.lock().unwrap_or_else(|p| p.into_inner());
+                for (svc, frontends) in &written {
+                    programmed.record(svc, frontends, now);
+                }
+            }
+            Err(e) => {
+                shared.metrics.error(e.kind());
+                tracing::error!(error = %e, "writing the data path");
+            }
         }
         if initial_done {
             for seconds in triggers.drain(SystemTime::now()) {

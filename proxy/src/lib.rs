@@ -9,7 +9,8 @@
 //! LoadBalancer addresses, health check node ports, connection-tracking collection;
 //! `nodenet` reads the node's network from netlink, `healthcheck` serves the ports),
 //! `sockets` (connected UDP sockets to removed backends), `daemon` (`proxy run`), `latency`
-//! (network programming latency), `metrics`, `dump`, `probe`.
+//! (network programming latency), `programmed` (when each service was written into the data
+//! path), `metrics`, `dump`, `probe`.
 
 pub mod daemon;
 pub mod dataplane;
@@ -25,6 +26,7 @@ pub mod model;
 pub mod nodenet;
 pub mod northsouth;
 pub mod probe;
+pub mod programmed;
 pub mod sockets;
 pub mod source;
 pub mod sync;

@@ -102,6 +102,10 @@ enum Command {
         /// Address for /metrics and /healthz.
         #[arg(long, default_value = "127.0.0.1:10249")]
         metrics: SocketAddr,
+        /// Address for /healthz and /programmed (when each service was written into the
+        /// data path), read by `kubectl skiff trace` through pods/proxy; off when not given.
+        #[arg(long)]
+        status: Option<SocketAddr>,
         /// Capacity of the services map (frontends: cluster IP x port).
         #[arg(long, default_value_t = MapSizes::default().services)]
         max_services: u32,
@@ -209,6 +213,7 @@ fn main() -> Result<()> {
             cgroup,
             bpffs,
             metrics,
+            status,
             max_services,
             max_backends,
             max_affinity,
@@ -249,6 +254,7 @@ fn main() -> Result<()> {
                 cgroup: cgroup.unwrap_or_else(default_cgroup),
                 bpffs,
                 metrics,
+                status,
                 sizes: MapSizes {
                     services: max_services,
                     backends: max_backends,

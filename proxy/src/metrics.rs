@@ -1,5 +1,7 @@
 //! Prometheus metrics and the HTTP endpoint serving them with /healthz. Kernel counters
 //! (per-frontend translations and refusals) are read from the maps at scrape time.
+//! The status endpoint (`--status`, kube-proxy's healthz port) serves /healthz and
+//! /programmed (when each service was written into the data path, `programmed`).
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -8,7 +10,9 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::programmed::{Programmed, Report};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -171,6 +175,8 @@ pub struct Shared {
     /// LoadBalancer addresses do not answer, so the proxy is not healthy yet.
     pub network_read: AtomicBool,
     pub kernel: Option<KernelCounters>,
+    /// When each service was written into the data path.
+    pub programmed: Mutex<Programmed>,
 }
 
 impl Shared {
@@ -180,6 +186,7 @@ impl Shared {
             ready: AtomicBool::new(false),
             network_read: AtomicBool::new(false),
             kernel,
+            programmed: Mutex::new(Programmed::default()),
         }
     }
 
@@ -239,7 +246,7 @@ fn render(shared: &Shared) -> String {
 
 /// Serves /metrics and /healthz on `addr`; returns the bound address (port 0 allowed).
 pub async fn serve(addr: SocketAddr, shared: Arc<Shared>) -> std::io::Result<SocketAddr> {
-    use axum::{http::StatusCode, response::IntoResponse, routing::get, Router};
+    use axum::{response::IntoResponse, routing::get, Router};
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let metrics_state = shared.clone();
@@ -260,26 +267,147 @@ pub async fn serve(addr: SocketAddr, shared: Arc<Shared>) -> std::io::Result<Soc
                 }
             }),
         )
-        .route(
-            "/healthz",
-            get(move || {
-                let s = shared.clone();
-                async move {
-                    if s.healthy() {
-                        (StatusCode::OK, "ok\n")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "initial sync in progress\n",
-                        )
-                    }
-                }
-            }),
-        );
+        .route("/healthz", get(move || healthz(shared.clone())));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics server stopped");
         }
     });
     Ok(bound)
+}
+
+async fn healthz(s: Arc<Shared>) -> (axum::http::StatusCode, &'static str) {
+    use axum::http::StatusCode;
+    if s.healthy() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "initial sync in progress\n",
+        )
+    }
+}
+
+/// `?namespace=NS&name=NAME` of /programmed.
+#[derive(serde::Deserialize)]
+struct ServiceQuery {
+    namespace: String,
+    name: String,
+}
+
+/// Serves /healthz and /programmed on `addr` (the node's addresses, for the API server's
+/// pods/proxy: nothing here but health and when services were programmed, as kube-proxy's
+/// healthz port); returns the bound address.
+pub async fn serve_status(
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    node: Option<String>,
+) -> std::io::Result<SocketAddr> {
+    use axum::extract::{rejection::QueryRejection, Query};
+    use axum::{http::StatusCode, response::IntoResponse, routing::get, Json, Router};
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let health = shared.clone();
+    let node: Arc<Option<String>> = Arc::new(node);
+    let app = Router::new()
+        .route("/healthz", get(move || healthz(health.clone())))
+        .route(
+            "/programmed",
+            get(move |q: Result<Query<ServiceQuery>, QueryRejection>| {
+                let (s, node) = (shared.clone(), node.clone());
+                async move {
+                    let Ok(Query(q)) = q else {
+                        return (
+                            StatusCode::BAD_REQUEST,
+                            "query parameters namespace and name are required\n",
+                        )
+                            .into_response();
+                    };
+                    let programmed = s.programmed.lock().unwrap_or_else(|p| p.into_inner());
+                    match programmed.get(&q.namespace, &q.name) {
+                        Some(r) => Json(Report::new(node.as_deref(), &q.namespace, &q.name, r))
+                            .into_response(),
+                        None => (
+                            StatusCode::NOT_FOUND,
+                            format!(
+                                "service {}/{} is not programmed on this node\n",
+                                q.namespace, q.name
+                            ),
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "status server stopped");
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::Frontends;
+    use crate::model::{ObjectKey, ServiceName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn status_serves_when_services_were_programmed() {
+        let shared = Arc::new(Shared::new(None));
+        let addr = serve_status(
+            "127.0.0.1:0".parse().unwrap(),
+            shared.clone(),
+            Some("n1".into()),
+        )
+        .await
+        .unwrap();
+        let svc = ServiceName(ObjectKey::new("default", "web"));
+        let answer = get(addr, "/programmed?namespace=default&name=web").await;
+        assert!(answer.starts_with("HTTP/1.0 404"), "{answer}");
+        let mut f = Frontends::new();
+        f.insert(
+            crate::desired::FrontendKey::cluster(
+                "10.96.0.9".parse().unwrap(),
+                crate::model::Port::new(80).unwrap(),
+                crate::model::Protocol::Tcp,
+            ),
+            crate::desired::DesiredFrontend {
+                backends: Default::default(),
+                affinity: crate::model::Affinity::None,
+                port_name: String::new(),
+                kind: crate::desired::FrontendKind::ClusterIp,
+                snat_remote: false,
+                source_ranges: Vec::new(),
+                internal: None,
+            },
+        );
+        shared
+            .programmed
+            .lock()
+            .unwrap()
+            .record(&svc, &f, std::time::SystemTime::now());
+        let answer = get(addr, "/programmed?namespace=default&name=web").await;
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["node"], "n1");
+        assert_eq!(v["name"], "web");
+        let answer = get(addr, "/programmed?name=web").await;
+        assert!(answer.starts_with("HTTP/1.0 400"), "{answer}");
+        // Not ready yet: the status port's /healthz says so.
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.0 503"));
+    }
 }
