@@ -15,6 +15,8 @@ pub struct Inputs<'a> {
     pub pod_ip: Option<String>,
     pub host_ip: Option<String>,
     pub start_time: Option<Time>,
+    /// The pod's sandbox is up with its network (the kubelet's PodReadyToStartContainers).
+    pub sandbox_ready: bool,
     /// The previous status, whose condition transition times carry over when unchanged.
     pub previous: Option<&'a PodStatus>,
     pub now: Time,
@@ -148,6 +150,7 @@ pub fn compute(inputs: Inputs<'_>) -> PodStatus {
         pod_ip,
         host_ip,
         start_time,
+        sandbox_ready,
         previous,
         now,
     } = inputs;
@@ -184,6 +187,14 @@ pub fn compute(inputs: Inputs<'_>) -> PodStatus {
         .collect();
     let conditions = vec![
         condition(previous, &now, "PodScheduled", true, None, None),
+        condition(
+            previous,
+            &now,
+            "PodReadyToStartContainers",
+            sandbox_ready,
+            None,
+            None,
+        ),
         condition(
             previous,
             &now,
@@ -345,6 +356,7 @@ mod tests {
             pod_ip: Some("10.0.0.2".into()),
             host_ip: None,
             start_time: None,
+            sandbox_ready: true,
             previous: None,
             now: t0.clone(),
         });
@@ -369,6 +381,7 @@ mod tests {
             pod_ip: None,
             host_ip: None,
             start_time: None,
+            sandbox_ready: true,
             previous: Some(&first),
             now: t1.clone(),
         });
@@ -384,11 +397,24 @@ mod tests {
             pod_ip: None,
             host_ip: None,
             start_time: None,
+            sandbox_ready: true,
             previous: Some(&again),
             now: t1.clone(),
         });
         assert_eq!(ready(&now_ready).status, "True");
         assert_eq!(ready(&now_ready).last_transition_time, Some(t1));
+        let sandbox = first
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "PodReadyToStartContainers")
+            .unwrap();
+        assert_eq!(sandbox.status, "True");
+        assert_eq!(
+            sandbox.last_transition_time,
+            ready(&first).last_transition_time
+        );
         assert_eq!(first.pod_ips.unwrap()[0].ip, "10.0.0.2");
     }
 

@@ -605,7 +605,7 @@ impl Worker {
             .into_iter()
             .map(|c| waiting(c.name, "ContainerCreating"))
             .collect();
-        self.publish(init, app, Vec::new(), None);
+        self.publish(init, app, Vec::new(), None, false);
     }
 
     fn report(&mut self, rt: &PodRuntime) {
@@ -617,6 +617,7 @@ impl Worker {
             app,
             ephemeral,
             Some(rt.sandbox.ip.clone()).filter(|ip| !ip.is_empty()),
+            true,
         );
     }
 
@@ -626,6 +627,7 @@ impl Worker {
         app: Vec<ContainerStatus>,
         ephemeral: Vec<ContainerStatus>,
         pod_ip: Option<String>,
+        sandbox_ready: bool,
     ) {
         let spec = self.pod.spec.clone().unwrap_or_default();
         let mut status = status::compute(Inputs {
@@ -635,6 +637,7 @@ impl Worker {
             pod_ip,
             host_ip: self.ctx.host_ip.clone(),
             start_time: Some(self.start_time.clone()),
+            sandbox_ready,
             previous: self.last_status.as_ref(),
             now: super::now(),
         });
