@@ -7,6 +7,7 @@
 //! (`skiff_tests::cluster`, `Spec::proxy_daemonset`, `Spec::cluster_dns`); each step is
 //! timed. The daemons run detached (logs in `.skiff/logs/`); `cargo xtask down` removes
 //! everything.
+//! The kubectl plugin `kubectl-skiff` (`kubectl skiff trace`) is installed in /usr/local/bin.
 //!
 //! `cargo xtask up --proxy-only`: only the service proxy, in the foreground, on a manifests
 //! directory (no cluster).
@@ -93,8 +94,12 @@ pub fn up(opts: Opts) -> Result<()> {
     )?;
     timed("images in the local registry", &mut crate::images::all)?;
     timed(
-        "release build of control-plane, node, proxy",
+        "release build of control-plane, node, proxy, kubectl-skiff",
         &mut build_release,
+    )?;
+    timed(
+        "kubectl plugin (kubectl-skiff in /usr/local/bin)",
+        &mut install_plugin,
     )?;
     eprintln!("up: starting a cluster of {} nodes", opts.nodes);
     let mut spec = Spec::new(
@@ -162,9 +167,28 @@ pub fn build_release() -> Result<()> {
             "node",
             "-p",
             "proxy",
+            "-p",
+            "skiff-cli",
         ],
         &[],
     )
+}
+
+/// Where `up` installs the kubectl plugin: a directory on every user's PATH (kubectl runs
+/// `kubectl-skiff` for `kubectl skiff`).
+pub const PLUGIN_DIR: &str = "/usr/local/bin";
+
+/// Installs the release `kubectl-skiff` into [`PLUGIN_DIR`]: written beside and renamed over,
+/// so a kubectl running the old one meanwhile never sees half a file.
+pub fn install_plugin() -> Result<()> {
+    let built = crate::images::target_dir().join("release/kubectl-skiff");
+    let dir = Path::new(PLUGIN_DIR);
+    let partial = dir.join(".kubectl-skiff.partial");
+    std::fs::copy(&built, &partial)
+        .with_context(|| format!("copying {} to {}", built.display(), partial.display()))?;
+    std::fs::rename(&partial, dir.join("kubectl-skiff"))
+        .with_context(|| format!("installing kubectl-skiff in {PLUGIN_DIR}"))?;
+    Ok(())
 }
 
 fn print_usage(dir: &Path, s: &State) {
@@ -182,6 +206,7 @@ fn print_usage(dir: &Path, s: &State) {
     eprintln!(
         "  kubectl exec t -- wget -qO- http://echo/   # through the cluster DNS and the proxy"
     );
+    eprintln!("  kubectl skiff trace deployment/echo   # each step of its path, with its time");
     eprintln!("  cargo xtask node-exec {first} -- curl -s http://<CLUSTER-IP>/   # a node-level client, translated by the node's proxy");
     eprintln!("  cargo xtask node-exec {first} -- proxy dump                    # that node's programmed services");
     eprintln!(
