@@ -652,6 +652,16 @@ impl Worker {
 /// Workers for the ephemeral containers the pod's spec has gained (they are only ever
 /// added), each targeting the current attempt of the app container it names, if any.
 fn add_ephemerals(pod: &Pod, apps: &[ContainerWorker], ephemerals: &mut Vec<ContainerWorker>) {
+    // A pod's ephemeral containers can only be added (the API refuses removing one), so an
+    // unchanged count means nothing new: no conversion of the spec on every sync round.
+    let listed = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.ephemeral_containers.as_ref())
+        .map_or(0, Vec::len);
+    if listed == ephemerals.len() {
+        return;
+    }
     for (c, target) in spec::ephemeral_containers(pod) {
         if ephemerals.iter().any(|e| e.spec.name == c.name) {
             continue;
