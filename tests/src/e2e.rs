@@ -57,14 +57,24 @@ pub fn pods(k: &Kubectl, selector: &str) -> Vec<PodView> {
             node: p["spec"]["nodeName"].as_str().unwrap_or_default().into(),
             ip: p["status"]["podIP"].as_str().map(str::to_string),
             phase: p["status"]["phase"].as_str().unwrap_or_default().into(),
-            ready: p["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True"),
-            terminating: !p["metadata"]["deletionTimestamp"].is_null(),
+            ready: pod_ready(p),
+            terminating: terminating(p),
         })
         .collect()
+}
+
+/// Whether a pod (its JSON) has the condition Ready=True.
+pub fn pod_ready(p: &Value) -> bool {
+    p["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// Whether an object (its JSON) is being deleted.
+pub fn terminating(o: &Value) -> bool {
+    !o["metadata"]["deletionTimestamp"].is_null()
 }
 
 /// Waits (up to `timeout`) until exactly `n` pods match, all Ready with an IP and none

@@ -14,7 +14,7 @@ use skiff_tests::cluster::{Cluster, Spec};
 use skiff_tests::kubectl::Kubectl;
 use skiff_tests::netns::unique_name;
 use skiff_tests::registry::{require_images, ECHO_IMAGE};
-use skiff_tests::{subnet, wait_until};
+use skiff_tests::{e2e, subnet, wait_until};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -81,14 +81,7 @@ fn ready_pods(k: &Kubectl, selector: &str, n: usize) -> Vec<(String, String)> {
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-            .filter(|p| {
-                p["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            })
+            .filter(|p| !e2e::terminating(p) && e2e::pod_ready(p))
             .map(|p| {
                 (
                     p["metadata"]["name"]

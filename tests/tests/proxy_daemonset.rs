@@ -55,12 +55,8 @@ fn proxy_pods(k: &Kubectl) -> Vec<ProxyPod> {
                 uid: s(&p["metadata"]["uid"]),
                 node: s(&p["spec"]["nodeName"]),
                 service_account: s(&p["spec"]["serviceAccountName"]),
-                ready: p["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True"),
-                terminating: !p["metadata"]["deletionTimestamp"].is_null(),
+                ready: e2e::pod_ready(p),
+                terminating: e2e::terminating(p),
             }
         })
         .collect()
