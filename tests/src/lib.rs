@@ -1,21 +1,16 @@
-//! Harness for skiff's integration tests: waiting on conditions with deadlines, and real
-//! kernel and process fixtures (network namespaces, cgroups, servers), and a whole cluster on
-//! one machine (`cluster`, also what `cargo xtask up` runs). Depends on no other skiff crate,
-//! so every crate can use it as a dev-dependency.
+//! Harness for skiff's integration tests: test workloads (e2e, density), test certificate
+//! authorities, the subnet lease that lets cluster tests run in parallel, and an API server
+//! with a kubectl bound to it. The cluster and the process, namespace and kubectl fixtures
+//! are skiff-launcher's (product code: `cargo xtask up` runs the same), re-exported here under
+//! their old paths.
 
-pub mod apiserver;
-pub mod cgroup;
-pub mod cluster;
 pub mod density;
 pub mod e2e;
 pub mod etcd;
-pub mod kubeconfig;
 pub mod kubectl;
-pub mod netns;
 pub mod order;
-pub mod registry;
 pub mod subnet;
 pub mod tls;
-pub mod wait;
 
-pub use wait::{wait_until, wait_until_async};
+pub use skiff_launcher::{apiserver, cgroup, cluster, kubeconfig, netns, registry, wait};
+pub use skiff_launcher::{wait_until, wait_until_async};

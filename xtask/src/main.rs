@@ -56,7 +56,7 @@ enum Command {
     #[command(hide = true)]
     Relay {
         #[arg(required = true)]
-        forwards: Vec<skiff_tests::cluster::relay::Forward>,
+        forwards: Vec<skiff_launcher::cluster::relay::Forward>,
     },
     /// Run the whole test suite, as CI does (installs prerequisites first).
     Test {
@@ -78,9 +78,9 @@ fn main() -> Result<()> {
         Command::Up(opts) => up::up(opts),
         Command::Down { state_dir } => up::down(state_dir),
         Command::NodeExec { node, command } => up::node_exec(&node, &command),
-        Command::Relay { forwards } => {
-            Ok(skiff_tests::cluster::relay::Relay::run_forever(&forwards)?)
-        }
+        Command::Relay { forwards } => Ok(skiff_launcher::cluster::relay::Relay::run_forever(
+            &forwards,
+        )?),
         Command::Images => {
             setup::all()?;
             images::all()

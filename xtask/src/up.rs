@@ -4,7 +4,7 @@
 //! its node agent and containerd), the eBPF service proxy as the DaemonSet of
 //! deploy/proxy.yaml, Ready on every node, and the cluster DNS (deploy/dns.yaml, applied
 //! through the API and waited for) through the same library the end-to-end tests use
-//! (`skiff_tests::cluster`, `Spec::proxy_daemonset`, `Spec::cluster_dns`); each step is
+//! (`skiff_launcher::cluster`, `Spec::proxy_daemonset`, `Spec::cluster_dns`); each step is
 //! timed. The daemons run detached (logs in `.skiff/logs/`); `cargo xtask down` removes
 //! everything.
 //! The kubectl plugin `kubectl-skiff` (`kubectl skiff trace`) is installed in /usr/local/bin.
@@ -14,8 +14,8 @@
 
 use crate::setup::{root, run};
 use anyhow::{Context, Result};
-use skiff_tests::cluster::network::Subnet;
-use skiff_tests::cluster::{self, Binaries, Cluster, RelayMode, Spec, State};
+use skiff_launcher::cluster::network::Subnet;
+use skiff_launcher::cluster::{self, Binaries, Cluster, RelayMode, Spec, State};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

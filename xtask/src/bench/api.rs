@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::Client;
 use serde_json::json;
-use skiff_tests::apiserver::ApiServerProcess;
+use skiff_launcher::apiserver::ApiServerProcess;
 
 use super::client;
 use super::plot::{self, Chart, Series};

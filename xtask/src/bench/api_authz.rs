@@ -19,7 +19,7 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
-use skiff_tests::apiserver::ApiServerProcess;
+use skiff_launcher::apiserver::ApiServerProcess;
 
 use crate::setup::{root, run};
 

@@ -19,8 +19,8 @@ use kube::Client;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::json;
-use skiff_tests::apiserver::ApiServerProcess;
-use skiff_tests::kubeconfig::KubeconfigAccess;
+use skiff_launcher::apiserver::ApiServerProcess;
+use skiff_launcher::kubeconfig::KubeconfigAccess;
 
 use crate::setup::run;
 

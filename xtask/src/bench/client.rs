@@ -53,7 +53,7 @@ fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
 }
 
 fn get(addr: SocketAddr) -> std::io::Result<String> {
-    skiff_tests::netns::http_get(addr, TIMEOUT)
+    skiff_launcher::netns::http_get(addr, TIMEOUT)
 }
 
 pub fn run(cmd: ClientCmd) -> Result<()> {

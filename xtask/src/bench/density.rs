@@ -11,9 +11,9 @@ use super::plot::{self, Chart, Series};
 use crate::setup::root;
 use anyhow::{bail, Result};
 use serde_json::json;
-use skiff_tests::cluster::{Binaries, Cluster, Spec};
+use skiff_launcher::cluster::{Binaries, Cluster, Spec};
+use skiff_launcher::netns::unique_name;
 use skiff_tests::density::{self, Params, Report};
-use skiff_tests::netns::unique_name;
 use skiff_tests::subnet;
 
 #[derive(clap::Args)]

@@ -15,7 +15,7 @@ use crate::images::{self, target_dir};
 use crate::setup::{root, run};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use skiff_tests::apiserver::ApiServerProcess;
+use skiff_launcher::apiserver::ApiServerProcess;
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -41,7 +41,7 @@ struct Api {
 
 impl Api {
     fn new(url: &str, kubeconfig: &std::path::Path) -> Result<Api> {
-        let http = skiff_tests::kubeconfig::KubeconfigAccess::read(kubeconfig)
+        let http = skiff_launcher::kubeconfig::KubeconfigAccess::read(kubeconfig)
             .and_then(|a| a.agent(Duration::from_secs(600)))
             .map_err(anyhow::Error::msg)?;
         Ok(Api {
@@ -231,7 +231,7 @@ pub fn run_bench(opts: Opts) -> Result<()> {
         ])
         .arg("--kubeconfig")
         .arg(server.kubeconfig())
-        .args(skiff_tests::cluster::kubelet_tls_args(&pki))
+        .args(skiff_launcher::cluster::kubelet_tls_args(&pki))
         .arg("--data-dir")
         .arg(scratch.join("node"))
         .env("RUST_LOG", "warn")

@@ -35,8 +35,8 @@ use super::proxy::{interleaved, ratio, since, vip, Lane, Opts, Proxy, Stats};
 use crate::setup::{root, run};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use skiff_tests::cgroup::Cgroup;
-use skiff_tests::netns::{NetNs, Server, Veth};
+use skiff_launcher::cgroup::Cgroup;
+use skiff_launcher::netns::{NetNs, Server, Veth};
 use skiff_tests::subnet::{self, SubnetLease};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -153,7 +153,9 @@ impl World {
         let remote_link = pod_link(&other, &remote_pod, &a(70))?;
         node.ip(&["route", "add", &format!("{}/32", a(70)), "via", &a(6)]);
         for ns in [&node, &other] {
-            skiff_tests::netns::must(ns.command("sysctl").args(["-qw", "net.ipv4.ip_forward=1"]));
+            skiff_launcher::netns::must(
+                ns.command("sysctl").args(["-qw", "net.ipv4.ip_forward=1"]),
+            );
         }
         client.full_checksums(&client_link.peer);
         let backend = |ns: &NetNs, h: u8, name: &str| {
@@ -212,7 +214,7 @@ impl World {
             }
             let got = self
                 .client
-                .run(|| skiff_tests::netns::http_get(target, Duration::from_secs(2)));
+                .run(|| skiff_launcher::netns::http_get(target, Duration::from_secs(2)));
             match got {
                 Ok(body) => {
                     seen.insert(body);

@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{json, Value};
-use skiff_tests::apiserver::ApiServerProcess;
+use skiff_launcher::apiserver::ApiServerProcess;
 
 use super::plot::{self, Chart, Series};
 use super::{client, cpu_seconds};
