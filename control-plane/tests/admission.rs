@@ -310,3 +310,174 @@ fn namespace_lifecycle() {
         run.stderr
     );
 }
+
+/// `kubectl create -f -` of `manifest`; stderr when it fails, else the panic.
+fn create_fails(k: &Kubectl, manifest: &str) -> String {
+    let run = k.run_with_stdin(&["create", "-f", "-"], manifest);
+    assert!(!run.success, "created: {}", run.stdout);
+    run.stderr
+}
+
+/// `kubectl create -f -` of `manifest`, which must succeed.
+fn created(k: &Kubectl, manifest: &str) {
+    let run = k.run_with_stdin(&["create", "-f", "-"], manifest);
+    assert!(run.success, "{}", run.stderr);
+}
+
+fn priority_of(k: &Kubectl, pod: &str) -> (Value, Value, Value) {
+    let p = json(&k.ok(&["get", "pod", pod, "-o", "json"]));
+    let s = &p["spec"];
+    (
+        s["priorityClassName"].clone(),
+        s["priority"].clone(),
+        s["preemptionPolicy"].clone(),
+    )
+}
+
+#[test]
+fn priority_classes_resolve_pod_priority() {
+    let f = start();
+    // The built-in classes, as `kubectl get priorityclasses` shows them.
+    let table = f.k.ok(&["get", "pc"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].split_whitespace().collect::<Vec<_>>()
+            == ["NAME", "VALUE", "GLOBAL-DEFAULT", "AGE", "PREEMPTIONPOLICY"],
+        "{table}"
+    );
+    for (name, value) in [
+        ("system-cluster-critical", "2000000000"),
+        ("system-node-critical", "2000001000"),
+    ] {
+        assert!(
+            lines.iter().any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w[0] == name && w[1] == value && w[2] == "false"
+            }),
+            "{table}"
+        );
+    }
+
+    // No class, no default: priority 0.
+    created(&f.k, &pod("plain", "default", ""));
+    assert_eq!(
+        priority_of(&f.k, "plain"),
+        (
+            Value::Null,
+            Value::from(0),
+            Value::from("PreemptLowerPriority")
+        )
+    );
+
+    // A class of the pod's naming.
+    created(
+        &f.k,
+        "apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: high}
+value: 1000
+preemptionPolicy: Never
+description: batch work that must not wait
+",
+    );
+    let high = format!(
+        "{}  priorityClassName: high\n",
+        pod("important", "default", "")
+    );
+    created(&f.k, &high);
+    assert_eq!(
+        priority_of(&f.k, "important"),
+        (Value::from("high"), Value::from(1000), Value::from("Never"))
+    );
+    let critical = format!(
+        "{}  priorityClassName: system-node-critical\n",
+        pod("critical", "kube-system", "")
+    );
+    created(&f.k, &critical);
+    assert_eq!(priority_of_in(&f.k, "critical", "kube-system"), 2000001000);
+
+    // Refusals, as Kubernetes words them; nothing stored.
+    let missing = format!(
+        "{}  priorityClassName: nosuch\n",
+        pod("lost", "default", "")
+    );
+    let err = create_fails(&f.k, &missing);
+    assert!(
+        err.contains("pods \"lost\" is forbidden: no PriorityClass with name nosuch was found"),
+        "{err}"
+    );
+    absent(&f.k, &["pod", "lost"]);
+    let forged = format!(
+        "{}  priorityClassName: high\n  priority: 7\n",
+        pod("forged", "default", "")
+    );
+    let err = create_fails(&f.k, &forged);
+    assert!(
+        err.contains("the integer value of priority (7) must not be provided in pod spec; priority admission controller computed 1000 from the given PriorityClass name"),
+        "{err}"
+    );
+    let err = create_fails(
+        &f.k,
+        "apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: system-mine}
+value: 10
+",
+    );
+    assert!(
+        err.contains("metadata.name: Forbidden: priority class names with 'system-' prefix are reserved for system use only"),
+        "{err}"
+    );
+    let err = f.k.fails(&["delete", "pc", "system-node-critical"]);
+    assert!(
+        err.contains("priorityclasses.scheduling.k8s.io \"system-node-critical\" is forbidden: this is a system priority class and cannot be deleted"),
+        "{err}"
+    );
+    let err =
+        f.k.fails(&["patch", "pc", "high", "-p", r#"{"value": 2000}"#]);
+    assert!(
+        err.contains("value: Forbidden: may not be changed in an update."),
+        "{err}"
+    );
+
+    // A global default applies to pods without a class; only one may exist.
+    created(
+        &f.k,
+        "apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: everyday}
+value: 10
+globalDefault: true
+",
+    );
+    created(&f.k, &pod("defaulted", "default", ""));
+    assert_eq!(
+        priority_of(&f.k, "defaulted"),
+        (
+            Value::from("everyday"),
+            Value::from(10),
+            Value::from("PreemptLowerPriority")
+        )
+    );
+    let err = create_fails(
+        &f.k,
+        "apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: another}
+value: 20
+globalDefault: true
+",
+    );
+    assert!(
+        err.contains(
+            "PriorityClass everyday is already marked as default. Only one default can exist"
+        ),
+        "{err}"
+    );
+    absent(&f.k, &["pc", "another"]);
+}
+
+fn priority_of_in(k: &Kubectl, pod: &str, ns: &str) -> i64 {
+    let p = json(&k.ok(&["get", "pod", pod, "-n", ns, "-o", "json"]));
+    p["spec"]["priority"].as_i64().unwrap_or(-1)
+}

@@ -304,6 +304,7 @@ impl Server {
             metrics_api: Default::default(),
         });
         ensure_namespaces(shared.as_ref()).await?;
+        ensure_priority_classes(shared.as_ref()).await?;
         let scheme = match config.transport {
             TransportMode::Tls => "https",
             TransportMode::PlainHttp => "http",
@@ -444,6 +445,29 @@ fn restore_allocations(cache: &Cache, allocator: &Allocator) -> Result<(), Start
     let everything: crate::store::cache::Filter = Arc::new(|_| true);
     let page = rc.list(&services.prefix(), &everything, None, None);
     allocator.restore(page.items.iter().filter_map(|o| o.value().ok()));
+    Ok(())
+}
+
+/// Creates the built-in priority classes (system-node-critical, system-cluster-critical) when
+/// missing, as Kubernetes' scheduling post-start hook does.
+async fn ensure_priority_classes(store: &dyn Store) -> Result<(), StartError> {
+    use crate::machinery::kinds::scheduling;
+    let classes = registry::find(scheduling::GROUP, "v1", "priorityclasses")
+        .expect("priorityclasses are registered");
+    for (name, value, description) in scheduling::SYSTEM_CLASSES {
+        let mut obj = scheduling::system_class(name, *value, description);
+        obj["metadata"]["uid"] = json!(meta::new_uid());
+        obj["metadata"]["creationTimestamp"] = json!(meta::now());
+        let op = WriteOp::Put {
+            key: classes.key(None, name),
+            value: serde_json::to_vec(&obj).unwrap_or_default().into(),
+            precondition: Precondition::MustNotExist,
+        };
+        match store.write(op).await {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(())
 }
 

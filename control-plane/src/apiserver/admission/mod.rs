@@ -284,6 +284,7 @@ impl Chain {
                 env.clone(),
                 config.pod_security.clone(),
             )),
+            Arc::new(priority::Priority::new(env.clone())),
             Arc::new(webhook::MutatingWebhooks::new(env.clone())),
             Arc::new(webhook::ValidatingWebhooks::new(env.clone())),
             Arc::new(resource_quota::ResourceQuota::new(env)),

@@ -19,6 +19,7 @@ mod limits;
 mod node;
 mod pod;
 pub mod rbac;
+pub mod scheduling;
 mod service;
 mod statefulset;
 
@@ -71,6 +72,13 @@ pub fn tracks_generation(group: &str, kind: &str) -> bool {
     )
 }
 
+static PRIORITY_CLASS: KindRules = KindRules {
+    default: scheduling::default,
+    validate: scheduling::validate,
+    columns: scheduling::columns,
+    row: scheduling::row,
+    field: common::meta_field,
+};
 static NAMESPACE: KindRules = KindRules {
     default: core::default_namespace,
     validate: core::validate_namespace,
@@ -323,6 +331,7 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("apps", "ControllerRevision") => &CONTROLLER_REVISION,
         ("", "PersistentVolumeClaim") => &PERSISTENT_VOLUME_CLAIM,
         (certificates::GROUP, "CertificateSigningRequest") => &CERTIFICATE_SIGNING_REQUEST,
+        (scheduling::GROUP, "PriorityClass") => &PRIORITY_CLASS,
         _ => return None,
     })
 }
@@ -352,6 +361,7 @@ mod tests {
                 | "ClusterRole"
                 | "ClusterRoleBinding"
                 | "CertificateSigningRequest"
+                | "PriorityClass"
         );
         let mut v = json!({
             "apiVersion": api_version, "kind": kind,
@@ -432,6 +442,7 @@ mod tests {
                 let csr = certificates::tests::minimal("web", "jane", None);
                 v["spec"] = csr["spec"].clone();
             }
+            (scheduling::GROUP, "PriorityClass") => v["value"] = json!(1000),
             _ => {}
         }
         v
@@ -465,6 +476,7 @@ mod tests {
         ("apps", "ControllerRevision"),
         ("", "PersistentVolumeClaim"),
         (certificates::GROUP, "CertificateSigningRequest"),
+        (scheduling::GROUP, "PriorityClass"),
     ];
 
     #[test]

@@ -1,5 +1,5 @@
 //! Pods and pod templates: Kubernetes' defaulters (PodSpec, Container, Probe, volumes), the
-//! admission defaults a pod gets on create (DefaultTolerationSeconds, priority, service
+//! admission defaults a pod gets on create (DefaultTolerationSeconds, service
 //! account name, Pending phase and QoS class), validation of the spec and of updates (a pod is
 //! immutable except images, activeDeadlineSeconds and added tolerations), kubectl's pod
 //! columns with its STATUS computation, and the pod field selectors.
@@ -195,9 +195,8 @@ pub fn default(v: &mut Value) {
         }
         // Admission defaults applied to pods on create.
         add_default_tolerations(spec.tolerations.get_or_insert_with(Vec::new));
-        spec.priority.get_or_insert(0);
-        spec.preemption_policy
-            .get_or_insert_with(|| "PreemptLowerPriority".into());
+        // spec.priority and spec.preemptionPolicy are the Priority admission plugin's: from
+        // the pod's class, so they cannot be defaulted before it runs.
         if spec
             .service_account_name
             .as_deref()
@@ -1245,7 +1244,7 @@ mod tests {
         assert_eq!(spec["schedulerName"], "default-scheduler");
         assert_eq!(spec["serviceAccountName"], "default");
         assert_eq!(spec["enableServiceLinks"], true);
-        assert_eq!(spec["priority"], 0);
+        assert!(spec.get("priority").is_none(), "the Priority plugin's");
         let c = &spec["containers"][0];
         assert_eq!(c["imagePullPolicy"], "Always");
         assert_eq!(c["terminationMessagePath"], "/dev/termination-log");
