@@ -17,7 +17,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use skiff_tests::apiserver::ApiServerProcess;
+use skiff_launcher::apiserver::ApiServerProcess;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
