@@ -11,7 +11,10 @@
 //! 4. `kubectl rollout restart` under a looping client (zero failures), every pod replaced.
 //! 5. the template changed (`kubectl set env`) under a looping client: `rollout history`
 //!    lists the three templates (ControllerRevisions), `rollout undo` under the client
-//!    returns the pods to the previous template (the env var gone) with no failure.
+//!    returns the pods to the previous template (the env var gone) with no failure;
+//! 6. `kubectl skiff trace deployment/NAME` (the plugin found by real kubectl on PATH) shows
+//!    every step of a new Deployment's path, in order, "programmed" on both nodes (the
+//!    proxies' /programmed through pods/proxy).
 //!
 //! Needs the daemons built and the images in the local registry (`cargo xtask images`,
 //! which `cargo xtask test` runs), the proxy's image included.
@@ -26,6 +29,8 @@ use skiff_tests::netns::unique_name;
 use skiff_tests::registry::{require_proxy_image, ECHO_IMAGE};
 use skiff_tests::{subnet, wait_until};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(180);
@@ -165,6 +170,106 @@ fn no_failure_while(c: &Cluster, i: usize, addr: &str, what: &str, change: impl 
     assert!(seen.ok > 20, "the client kept going: {}", seen.summary);
 }
 
+/// The built plugin (`cargo test --workspace` builds skiff-cli's binary beside the daemons).
+fn plugin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf();
+    assert!(
+        dir.join("kubectl-skiff").is_file(),
+        "build the plugin first (cargo build -p skiff-cli; cargo xtask test does): no kubectl-skiff in {}",
+        dir.display()
+    );
+    dir
+}
+
+/// `kubectl skiff trace <target> -o json` as a user runs it: real kubectl, the plugin on
+/// PATH (before the system's directories, as `cargo xtask up` installs it in one of them).
+fn skiff_trace(c: &Cluster, target: &str) -> Result<Value, String> {
+    let path = std::env::join_paths(std::iter::once(plugin_dir()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .expect("PATH");
+    let out = Command::new("kubectl")
+        .args(["skiff", "trace", target, "-o", "json"])
+        .env("KUBECONFIG", c.kubeconfig())
+        .env("PATH", path)
+        .output()
+        .expect("running kubectl");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))
+}
+
+const TRACE_STEPS: [&str; 10] = [
+    "accepted",
+    "replicaSetCreated",
+    "podCreated",
+    "scheduled",
+    "sandboxReady",
+    "imagePulled",
+    "started",
+    "ready",
+    "inEndpointSlice",
+    "programmed",
+];
+
+/// Every step has a time, in the path's order; "programmed" once per node.
+fn complete_trace(trace: &Value, nodes: &[String]) -> Result<(), String> {
+    let steps = trace["steps"].as_array().ok_or("no steps")?;
+    let kinds: Vec<&str> = steps.iter().filter_map(|s| s["kind"].as_str()).collect();
+    for k in TRACE_STEPS {
+        if !kinds.contains(&k) {
+            return Err(format!("no step {k}"));
+        }
+    }
+    if let Some(s) = steps.iter().find(|s| s["at"].is_null()) {
+        return Err(format!("pending: {s}"));
+    }
+    for node in nodes {
+        if !steps.iter().any(|s| {
+            s["kind"] == "programmed"
+                && s["detail"]
+                    .as_str()
+                    .unwrap_or("")
+                    .ends_with(&format!("node {node}"))
+        }) {
+            return Err(format!("not programmed on {node}"));
+        }
+    }
+    Ok(())
+}
+
+/// One pod: the steps form one chain, each no earlier than the one before.
+fn assert_trace_ordered(trace: &Value) {
+    let steps = trace["steps"].as_array().unwrap();
+    let order = |s: &Value| TRACE_STEPS.iter().position(|k| s["kind"] == *k).unwrap();
+    let ms = |s: &Value| s["sinceAcceptedMs"].as_i64().unwrap();
+    assert!(
+        steps[0]["kind"] == "accepted" && ms(&steps[0]) == 0,
+        "{trace}"
+    );
+    for w in steps.windows(2) {
+        let (prev, s) = (&w[0], &w[1]);
+        assert!(
+            order(prev) <= order(s),
+            "out of the path's order: {prev} then {s}"
+        );
+        // API times are truncated to the second, the proxies' are not: a step after a
+        // proxy's may show the start of that same second.
+        let floor = if prev["precision"] == "fine" && s["precision"] == "second" {
+            ms(prev) - ms(prev).rem_euclid(1000)
+        } else {
+            ms(prev)
+        };
+        assert!(ms(s) >= floor, "{s} before {prev}");
+    }
+}
+
 #[test]
 fn the_proxy_runs_as_a_daemonset() {
     require_proxy_image();
@@ -222,6 +327,51 @@ fn the_proxy_runs_as_a_daemonset() {
     }
     mark("ClusterIP reachable from a pod on each node", t.elapsed());
     let addr = format!("{vip}:80");
+
+    // 5 (while the cluster is fresh). A new Deployment with one pod behind a Service,
+    // answering through the ClusterIP on both nodes, traced by the plugin.
+    let t = Instant::now();
+    k.ok(&[
+        "create",
+        "deployment",
+        "traced",
+        "--image",
+        ECHO_IMAGE,
+        "--replicas=1",
+    ]);
+    k.ok(&[
+        "expose",
+        "deployment",
+        "traced",
+        "--port=80",
+        "--target-port=8080",
+    ]);
+    e2e::wait_ready(&k, "app=traced", 1, T);
+    let traced_vip = k.ok(&[
+        "get",
+        "service",
+        "traced",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    for i in 0..nodes.len() {
+        wait_until(
+            "the traced service answers through its ClusterIP",
+            T,
+            || match e2e::probe(&c, i, &format!("{traced_vip}:80"), 3) {
+                (_, 0) => Ok(()),
+                (names, failed) => Err((names, failed)),
+            },
+        );
+    }
+    let trace = wait_until("kubectl skiff trace shows every step", T, || {
+        let trace = skiff_trace(&c, "deployment/traced")?;
+        complete_trace(&trace, &nodes).map_err(|e| format!("{e}\n{trace:#}"))?;
+        Ok::<_, String>(trace)
+    });
+    eprintln!("{trace:#}");
+    assert_trace_ordered(&trace);
+    mark("kubectl skiff trace: every step, both nodes", t.elapsed());
 
     // 2. The proxy's identity: the token its pod holds.
     let admin = KubeconfigAccess::read(&c.kubeconfig()).unwrap();
