@@ -102,9 +102,11 @@ pub struct Unhealthy {
 
 /// How long a read waits for the store's events before it asks for a barrier.
 const BARRIER_AFTER: Duration = Duration::from_millis(50);
-/// Consecutive watch failures, with no event in between, before the cache reads everything
-/// again instead of resuming.
-const FAILURES_BEFORE_RELIST: u32 = 3;
+/// How long the store's watch may keep failing, with no event in between, before the cache
+/// reads everything again instead of resuming (which ends every watcher with 410). Long
+/// enough for an etcd leader election and the client's failover to another member (a few
+/// seconds on a loaded machine), which a resume from the next revision rides out.
+const RELIST_AFTER: Duration = Duration::from_secs(10);
 /// Back-off between attempts to resume or reload.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -312,11 +314,13 @@ impl Cache {
     /// again. It returns only when the store is closed.
     async fn follow(self: Arc<Self>, mut events: EventStream) {
         let mut failures = 0u32;
+        let mut failing_since: Option<Instant> = None;
         loop {
             let failure = match events.next().await {
                 Some(Ok(WatchItem::Event(e))) => {
                     self.apply(e);
                     failures = 0;
+                    failing_since = None;
                     continue;
                 }
                 Some(Ok(WatchItem::Progress(r))) => {
@@ -330,8 +334,9 @@ impl Cache {
                 return self.set_unhealthy("the store is closed".into());
             }
             failures += 1;
-            let relist = matches!(failure, StoreError::Compacted { .. })
-                || failures >= FAILURES_BEFORE_RELIST;
+            let since = *failing_since.get_or_insert_with(Instant::now);
+            let relist =
+                matches!(failure, StoreError::Compacted { .. }) || since.elapsed() >= RELIST_AFTER;
             tracing::warn!(error = %failure, failures, relist, "the store's watch failed");
             match self.recover(relist, failures, &failure).await {
                 Some(s) => events = s,
@@ -339,6 +344,7 @@ impl Cache {
             }
             if relist {
                 failures = 0;
+                failing_since = None;
             }
         }
     }
@@ -352,8 +358,11 @@ impl Cache {
         failure: &StoreError,
     ) -> Option<EventStream> {
         let mut backoff = RETRY_FIRST;
-        // Resume at once the first time (a dropped connection); then back off.
+        // Resume at once the first time (a dropped connection); then back off, longer with
+        // each failure in a row.
         if failures > 1 {
+            let doublings = (failures - 2).min(6);
+            backoff = (RETRY_FIRST * 2u32.pow(doublings)).min(RETRY_MAX);
             tokio::time::sleep(backoff).await;
         }
         loop {
