@@ -458,17 +458,27 @@ async fn ensure_priority_classes(store: &dyn Store) -> Result<(), StartError> {
         let mut obj = scheduling::system_class(name, *value, description);
         obj["metadata"]["uid"] = json!(meta::new_uid());
         obj["metadata"]["creationTimestamp"] = json!(meta::now());
-        let op = WriteOp::Put {
-            key: classes.key(None, name),
-            value: serde_json::to_vec(&obj).unwrap_or_default().into(),
-            precondition: Precondition::MustNotExist,
-        };
-        match store.write(op).await {
-            Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
+        create_if_missing(store, classes.key(None, name), &obj).await?;
     }
     Ok(())
+}
+
+/// Stores `obj` at `key` unless something is there already (the built-in objects a server
+/// ensures at start: idempotent across restarts and servers).
+async fn create_if_missing(
+    store: &dyn Store,
+    key: String,
+    obj: &serde_json::Value,
+) -> Result<(), StartError> {
+    let op = WriteOp::Put {
+        key,
+        value: serde_json::to_vec(obj).unwrap_or_default().into(),
+        precondition: Precondition::MustNotExist,
+    };
+    match store.write(op).await {
+        Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Creates the namespaces every cluster has (idempotent).
@@ -487,15 +497,7 @@ async fn ensure_namespaces(store: &dyn Store) -> Result<(), StartError> {
             "spec": {"finalizers": ["kubernetes"]},
             "status": {"phase": "Active"},
         });
-        let op = WriteOp::Put {
-            key: namespaces.key(None, name),
-            value: serde_json::to_vec(&obj).unwrap_or_default().into(),
-            precondition: Precondition::MustNotExist,
-        };
-        match store.write(op).await {
-            Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
+        create_if_missing(store, namespaces.key(None, name), &obj).await?;
     }
     Ok(())
 }
