@@ -324,8 +324,13 @@ fn created(k: &Kubectl, manifest: &str) {
     assert!(run.success, "{}", run.stderr);
 }
 
+/// A pod's (priorityClassName, priority, preemptionPolicy) as stored.
 fn priority_of(k: &Kubectl, pod: &str) -> (Value, Value, Value) {
-    let p = json(&k.ok(&["get", "pod", pod, "-o", "json"]));
+    priority_in(k, pod, "default")
+}
+
+fn priority_in(k: &Kubectl, pod: &str, ns: &str) -> (Value, Value, Value) {
+    let p = json(&k.ok(&["get", "pod", pod, "-n", ns, "-o", "json"]));
     let s = &p["spec"];
     (
         s["priorityClassName"].clone(),
@@ -394,7 +399,10 @@ description: batch work that must not wait
         pod("critical", "kube-system", "")
     );
     created(&f.k, &critical);
-    assert_eq!(priority_of_in(&f.k, "critical", "kube-system"), 2000001000);
+    assert_eq!(
+        priority_in(&f.k, "critical", "kube-system").1,
+        Value::from(2000001000)
+    );
 
     // Refusals, as Kubernetes words them; nothing stored.
     let missing = format!(
@@ -475,9 +483,4 @@ globalDefault: true
         "{err}"
     );
     absent(&f.k, &["pc", "another"]);
-}
-
-fn priority_of_in(k: &Kubectl, pod: &str, ns: &str) -> i64 {
-    let p = json(&k.ok(&["get", "pod", pod, "-n", ns, "-o", "json"]));
-    p["spec"]["priority"].as_i64().unwrap_or(-1)
 }
