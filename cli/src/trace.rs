@@ -119,8 +119,15 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Fills in the time since the `accepted` step.
+    /// Fills in the time since the `accepted` step, and lists steps that happen side by
+    /// side (one pod programmed on every node) by time, the pending ones last.
     pub fn finish(mut self) -> Trace {
+        for run in self
+            .steps
+            .chunk_by_mut(|a, b| a.kind == b.kind && a.object == b.object)
+        {
+            run.sort_by_key(|s| (s.at.is_none(), s.at));
+        }
         let accepted = self
             .steps
             .iter()
@@ -266,6 +273,34 @@ mod tests {
         assert_eq!(v["steps"][2]["precision"], "fine");
         assert_eq!(v["steps"][3]["at"], serde_json::Value::Null);
         assert_eq!(v["steps"][1]["sinceAcceptedMs"], 1000);
+    }
+
+    #[test]
+    fn one_pods_steps_on_several_nodes_are_listed_by_time() {
+        let tr = Trace {
+            target: "pod/web-1".into(),
+            namespace: "default".into(),
+            steps: vec![
+                Step::new(StepKind::Accepted, "pod/web-1", t("2026-12-02T10:00:00Z")),
+                Step::new(StepKind::Programmed, "pod/web-1", None).detail("node-0"),
+                Step::new(
+                    StepKind::Programmed,
+                    "pod/web-1",
+                    t("2026-12-02T10:00:01.081Z"),
+                )
+                .detail("node-1"),
+                Step::new(
+                    StepKind::Programmed,
+                    "pod/web-1",
+                    t("2026-12-02T10:00:01.077Z"),
+                )
+                .detail("node-2"),
+            ],
+            notes: vec![],
+        }
+        .finish();
+        let nodes: Vec<_> = tr.steps.iter().map(|s| s.detail.clone()).collect();
+        assert_eq!(nodes, ["", "node-2", "node-1", "node-0"]);
     }
 
     #[test]
