@@ -248,6 +248,19 @@ where
     })
 }
 
+/// `conc` requests at once on `c`, so its connection pool holds `conc` open connections.
+async fn warm_pool(c: &Client, ns: &str, conc: usize) -> Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), ns);
+    let calls = (0..conc).map(|_| {
+        let a = api.clone();
+        async move { a.list(&ListParams::default().limit(1)).await }
+    });
+    for r in futures::future::join_all(calls).await {
+        r?;
+    }
+    Ok(())
+}
+
 /// One (operation, concurrency) cell on one server's namespace.
 async fn cell(api: &Api<ConfigMap>, op: &str, conc: usize, ops: usize) -> Result<Sample> {
     let a = api.clone();
@@ -315,6 +328,12 @@ async fn measure(opts: &Opts, servers: &Servers<'_>) -> Result<Results> {
             namespace(&servers.of(security).0, &ns).await?;
         }
         eprintln!("bench api: {conc} clients");
+        // Open the connections this concurrency needs before timing anything: otherwise the
+        // first cell (create) pays one TLS handshake per new client connection, a cost the
+        // handshake rows measure on their own, and its p99 measures connection set-up.
+        for security in Security::BOTH {
+            warm_pool(&servers.of(security).0, &ns, conc).await?;
+        }
         // Each cell on both servers one after the other, so both see the same machine load.
         for op in OPERATIONS {
             for security in Security::BOTH {
