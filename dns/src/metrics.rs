@@ -1,7 +1,13 @@
 //! Prometheus metrics (queries by type, rcode and where they were answered; latency) and
-//! the HTTP endpoint serving them with /healthz (the process serves) and /readyz (the first
-//! listing of Services and EndpointSlices is in the records).
+//! the HTTP endpoint serving them with /healthz (the process serves), /readyz (the first
+//! listing of Services and EndpointSlices is in the records) and
+//! /learned?namespace=&name= (when this server learned a Service's name and addresses, as
+//! JSON; 404 while the name does not resolve). Like the metrics, /learned is served without
+//! authentication: it tells what any pod can already ask this server (names and
+//! addresses) plus when it learned them. `kubectl skiff trace` reads it through the API
+//! server's pods/proxy.
 
+use crate::records::{Records, ServiceKey};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -86,15 +92,25 @@ impl Metrics {
     }
 }
 
-/// Serves /metrics, /healthz and /readyz on `addr` until `token` is cancelled; returns the
-/// bound address (port 0 allowed).
+/// The query of /learned.
+#[derive(serde::Deserialize)]
+struct LearnedQuery {
+    namespace: String,
+    name: String,
+}
+
+/// Serves /metrics, /healthz, /readyz and /learned on `addr` until `token` is cancelled;
+/// returns the bound address (port 0 allowed).
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    records: Arc<Records>,
     ready: impl Fn() -> bool + Send + Sync + Clone + 'static,
     token: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    use axum::{http::StatusCode, routing::get, Router};
+    use axum::extract::Query;
+    use axum::response::IntoResponse;
+    use axum::{http::StatusCode, routing::get, Json, Router};
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = Router::new()
@@ -114,6 +130,19 @@ pub async fn serve(
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/learned",
+            get(move |q: Query<LearnedQuery>| {
+                let records = records.clone();
+                async move {
+                    match records.learned(&ServiceKey::new(q.0.namespace, q.0.name)) {
+                        Some(l) => Json(l).into_response(),
+                        None => (StatusCode::NOT_FOUND, "the name does not resolve here\n")
+                            .into_response(),
+                    }
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(move || {

@@ -14,6 +14,8 @@ use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SOA, SRV};
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::RwLock;
@@ -174,6 +176,71 @@ struct Tables {
     names: HashMap<LowerName, Vec<Record>>,
     reverse: HashMap<IpAddr, Vec<(ServiceKey, Record)>>,
     owned: HashMap<ServiceKey, Owned>,
+    learned: HashMap<ServiceKey, Learned>,
+}
+
+/// When this server learned a Service's name and each address the name answers with: the
+/// "name resolvable" step of `kubectl skiff trace`, served on the metrics port as
+/// `/learned?namespace=&name=`. Times are this server's clock, from the moment the records
+/// were in the table queries read.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Learned {
+    /// `<svc>.<ns>.svc.<domain>.`
+    pub name: String,
+    /// Since when the name resolves (it started again if the name went away meanwhile).
+    pub learned: Timestamp,
+    /// The name's A and AAAA answers (the cluster IP, or a headless Service's ready
+    /// endpoints), each since it was first answered.
+    pub addresses: Vec<LearnedAddress>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LearnedAddress {
+    pub ip: IpAddr,
+    pub learned: Timestamp,
+}
+
+/// The addresses `fqdn` answers with in `records`.
+fn addresses_of(records: &ServiceRecords, fqdn: &LowerName) -> BTreeSet<IpAddr> {
+    records
+        .names
+        .get(fqdn)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What replaced records `now` make of `old`: times of what stays are kept.
+fn learn(
+    old: Option<Learned>,
+    fqdn: &LowerName,
+    records: &ServiceRecords,
+    now: Timestamp,
+) -> Option<Learned> {
+    if !records.names.contains_key(fqdn) {
+        return None;
+    }
+    let kept: HashMap<IpAddr, Timestamp> = old
+        .as_ref()
+        .map(|o| o.addresses.iter().map(|a| (a.ip, a.learned)).collect())
+        .unwrap_or_default();
+    Some(Learned {
+        name: fqdn.to_string(),
+        learned: old.map_or(now, |o| o.learned),
+        addresses: addresses_of(records, fqdn)
+            .into_iter()
+            .map(|ip| LearnedAddress {
+                ip,
+                learned: kept.get(&ip).copied().unwrap_or(now),
+            })
+            .collect(),
+    })
 }
 
 /// The cluster's records, read by every query and replaced per Service by the watch.
@@ -342,7 +409,22 @@ impl Records {
 
     /// Replaces the records of Service `key` (none: the Service is gone).
     pub fn replace(&self, key: &ServiceKey, records: ServiceRecords) {
+        self.replace_at(key, records, Timestamp::now())
+    }
+
+    /// When this server learned the name of Service `key`, if it resolves.
+    pub fn learned(&self, key: &ServiceKey) -> Option<Learned> {
+        let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        t.learned.get(key).cloned()
+    }
+
+    fn replace_at(&self, key: &ServiceKey, records: ServiceRecords, now: Timestamp) {
+        let fqdn = self.zone.service_name(key).ok().map(|n| LowerName::new(&n));
         let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        let old = t.learned.remove(key);
+        if let Some(l) = fqdn.and_then(|f| learn(old, &f, &records, now)) {
+            t.learned.insert(key.clone(), l);
+        }
         if let Some(old) = t.owned.remove(key) {
             for n in old.names {
                 t.names.remove(&n);
@@ -575,6 +657,55 @@ mod tests {
             Answer::Forward
         );
         assert_eq!(r.services(), 0);
+    }
+
+    #[test]
+    fn learned_times_follow_the_names_addresses() {
+        let r = records();
+        let key = ServiceKey::new("ns", "db");
+        let at = |secs: i64| Timestamp::from_second(secs).unwrap();
+        let headless = svc("None", &[("pg", 5432, "TCP")]);
+        let put_at = |ips: &[&str], t: Timestamp| {
+            let eps: Vec<(&str, Option<&str>, Option<bool>)> =
+                ips.iter().map(|ip| (*ip, None, Some(true))).collect();
+            let s = slice(&eps, &[("pg", 5432)]);
+            let recs = service_records(r.zone(), &key, &headless, &[&s]).unwrap();
+            r.replace_at(&key, recs, t);
+        };
+        assert_eq!(r.learned(&key), None);
+        put_at(&["10.1.0.5"], at(100));
+        put_at(&["10.1.0.5", "10.1.0.6"], at(200));
+        let l = r.learned(&key).unwrap();
+        assert_eq!(l.name, "db.ns.svc.cluster.local.");
+        assert_eq!(
+            l.learned,
+            at(100),
+            "the name resolves since the first address"
+        );
+        let times: Vec<(String, Timestamp)> = l
+            .addresses
+            .iter()
+            .map(|a| (a.ip.to_string(), a.learned))
+            .collect();
+        assert_eq!(
+            times,
+            [
+                ("10.1.0.5".to_string(), at(100)),
+                ("10.1.0.6".into(), at(200))
+            ]
+        );
+        // Gone and back: learned again.
+        r.replace_at(&key, ServiceRecords::default(), at(300));
+        assert_eq!(r.learned(&key), None);
+        put_at(&["10.1.0.6"], at(400));
+        let l = r.learned(&key).unwrap();
+        assert_eq!((l.learned, l.addresses[0].learned), (at(400), at(400)));
+        let json = serde_json::to_value(&l).unwrap();
+        assert_eq!(json["addresses"][0]["ip"], "10.1.0.6");
+        assert!(json["learned"]
+            .as_str()
+            .unwrap()
+            .starts_with("1970-01-01T00:06:40"));
     }
 
     #[test]

@@ -185,6 +185,7 @@ pub async fn start(config: Config) -> Result<RunningDns, ServerError> {
     let metrics_addr = metrics::serve(
         config.metrics_listen,
         metrics.clone(),
+        records.clone(),
         move || ready_watch.synced(),
         token.clone(),
     )
