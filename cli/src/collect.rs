@@ -1,9 +1,10 @@
 //! Reads a trace from the cluster: the traced object and what it owns from the API server,
 //! the pods' conditions, container states and Events, the EndpointSlices of the Services
 //! selecting them, and from each node's service proxy (DaemonSet `skiff-proxy` in
-//! kube-system) when it programmed them: `GET /programmed` on the proxy's status port,
-//! through the API server's pods/proxy subresource (authenticated and authorized as the
-//! caller; no connection to a node from the plugin).
+//! kube-system) when it programmed them (`GET /programmed` on the proxy's status port), and
+//! from each cluster DNS server (`k8s-app=kube-dns`) when it learned their names (`GET
+//! /learned` on its metrics port), both through the API server's pods/proxy subresource
+//! (authenticated and authorized as the caller; no connection to a node from the plugin).
 
 use crate::trace::{Step, StepKind, Trace};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -16,22 +17,58 @@ use kube::Client;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
-/// Where the service proxies run and answer.
+/// Where an add-on's pods run and the port they answer on (reached through pods/proxy).
 #[derive(Clone, Debug)]
-pub struct Proxies {
+pub struct AddOn {
     pub namespace: String,
     pub selector: String,
     pub port: u16,
 }
 
-impl Default for Proxies {
-    fn default() -> Self {
-        Proxies {
+impl AddOn {
+    /// The service proxies (deploy/proxy.yaml): `/programmed` on their status port.
+    pub fn proxies() -> AddOn {
+        AddOn {
             namespace: "kube-system".into(),
             selector: "k8s-app=skiff-proxy".into(),
             port: 10256,
         }
     }
+
+    /// The cluster DNS (deploy/dns.yaml): `/learned` on its metrics port.
+    pub fn dns() -> AddOn {
+        AddOn {
+            namespace: "kube-system".into(),
+            selector: "k8s-app=kube-dns".into(),
+            port: 9153,
+        }
+    }
+
+    /// This add-on's pods.
+    async fn pods(&self, client: &Client) -> Result<Vec<Pod>, TraceError> {
+        Ok(Api::<Pod>::namespaced(client.clone(), &self.namespace)
+            .list(&ListParams::default().labels(&self.selector))
+            .await
+            .map_err(api_err(format!("listing the pods {}", self.selector)))?
+            .items)
+    }
+
+    /// The path of `pod`'s `rest` through the API server's pods/proxy.
+    fn path(&self, pod: &Pod, rest: &str) -> String {
+        format!(
+            "/api/v1/namespaces/{}/pods/{}:{}/proxy/{rest}",
+            self.namespace,
+            name_of(&pod.metadata),
+            self.port
+        )
+    }
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
 }
 
 /// What `kubectl skiff trace` traces.
@@ -230,12 +267,27 @@ pub struct ProgrammedEndpoint {
     pub programmed: String,
 }
 
+/// One DNS server's answer of `/learned`.
+#[derive(Debug, Deserialize)]
+pub struct LearnedReport {
+    pub name: String,
+    pub learned: String,
+    pub addresses: Vec<LearnedAddress>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LearnedAddress {
+    pub ip: String,
+    pub learned: String,
+}
+
 /// Reads the trace of `target` in `namespace`.
 pub async fn trace(
     client: Client,
     namespace: &str,
     target: &Target,
-    proxies: &Proxies,
+    proxies: &AddOn,
+    dns: &AddOn,
 ) -> Result<Trace, TraceError> {
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let services_api: Api<Service> = Api::namespaced(client.clone(), namespace);
@@ -360,12 +412,10 @@ pub async fn trace(
     // Every proxy's record of every service: one call per proxy and service.
     // None: the proxy has not programmed the service (yet).
     let mut programmed: Vec<(String, String, Option<ProgrammedReport>)> = Vec::new();
+    // Every DNS server's record of every service's name, likewise.
+    let mut learned: Vec<(String, String, Option<LearnedReport>)> = Vec::new();
     if !services.is_empty() {
-        let proxy_pods = Api::<Pod>::namespaced(client.clone(), &proxies.namespace)
-            .list(&ListParams::default().labels(&proxies.selector))
-            .await
-            .map_err(api_err("listing the service proxies"))?
-            .items;
+        let proxy_pods = proxies.pods(&client).await?;
         if proxy_pods.is_empty() {
             notes.push(format!(
                 "no service proxy pods ({} in {}): programmed steps unknown",
@@ -373,20 +423,10 @@ pub async fn trace(
             ));
         }
         for pp in &proxy_pods {
-            let node = pp
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default();
+            let node = node_of(pp);
             for (svc, _) in &slices_of {
-                let path = format!(
-                    "/api/v1/namespaces/{}/pods/{}:{}/proxy/programmed?namespace={}&name={}",
-                    proxies.namespace,
-                    name_of(&pp.metadata),
-                    proxies.port,
-                    namespace,
-                    svc
-                );
+                let path =
+                    proxies.path(pp, &format!("programmed?namespace={namespace}&name={svc}"));
                 match get_json::<ProgrammedReport>(&client, &path).await {
                     Ok(r) => programmed.push((svc.clone(), node.clone(), r)),
                     Err(e) => notes.push(format!(
@@ -396,7 +436,31 @@ pub async fn trace(
                 }
             }
         }
+        let dns_pods = dns.pods(&client).await?;
+        if dns_pods.is_empty() {
+            notes.push(format!(
+                "no cluster DNS pods ({} in {}): name resolvable steps unknown",
+                dns.selector, dns.namespace
+            ));
+        }
+        for dp in &dns_pods {
+            let at = format!("{} on {}", name_of(&dp.metadata), node_of(dp));
+            for (svc, _) in &slices_of {
+                let path = dns.path(dp, &format!("learned?namespace={namespace}&name={svc}"));
+                match get_json::<LearnedReport>(&client, &path).await {
+                    Ok(r) => learned.push((svc.clone(), at.clone(), r)),
+                    Err(e) => notes.push(format!(
+                        "cluster DNS {at} did not answer for service/{svc}: {e}"
+                    )),
+                }
+            }
+        }
     }
+    let headless: Vec<String> = services
+        .iter()
+        .filter(|s| s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None"))
+        .map(|s| name_of(&s.metadata))
+        .collect();
 
     for pod in &pods {
         let object = format!("pod/{}", name_of(&pod.metadata));
@@ -446,7 +510,42 @@ pub async fn trace(
                         .fine(),
                 );
             }
+            if headless.contains(svc) {
+                // A headless Service's name answers with the pod's own address.
+                for (_, dns_at, report) in learned.iter().filter(|(s, ..)| s == svc) {
+                    let at = ip.as_deref().zip(report.as_ref()).and_then(|(ip, r)| {
+                        r.addresses
+                            .iter()
+                            .find(|a| a.ip == ip)
+                            .and_then(|a| a.learned.parse::<Timestamp>().ok())
+                    });
+                    steps.push(
+                        Step::new(StepKind::Resolvable, &object, at)
+                            .detail(format!("service/{svc} dns {dns_at}"))
+                            .fine(),
+                    );
+                }
+            }
         }
+    }
+    // A Service with a cluster IP: its name resolves to that, whatever its pods.
+    for (svc, dns_at, report) in learned.iter().filter(|(s, ..)| !headless.contains(s)) {
+        let answer = report
+            .as_ref()
+            .map(|r| {
+                let ips: Vec<&str> = r.addresses.iter().map(|a| a.ip.as_str()).collect();
+                format!("{} -> {}", r.name, ips.join(","))
+            })
+            .unwrap_or_else(|| format!("service/{svc}"));
+        steps.push(
+            Step::new(
+                StepKind::Resolvable,
+                format!("service/{svc}"),
+                report.as_ref().and_then(|r| r.learned.parse().ok()),
+            )
+            .detail(format!("{answer} dns {dns_at}"))
+            .fine(),
+        );
     }
     if pods.is_empty() {
         // A Service without pods: when each node programmed it at all.
@@ -462,10 +561,6 @@ pub async fn trace(
             );
         }
     }
-    notes.push(
-        "name resolvable: not reported yet (cluster DNS does not record when it learned a name)"
-            .into(),
-    );
     Ok(Trace {
         target: target_name,
         namespace: namespace.to_string(),
@@ -475,7 +570,7 @@ pub async fn trace(
     .finish())
 }
 
-/// GET `path` on the API server as JSON; None for 404 (not programmed there).
+/// GET `path` on the API server as JSON; None for 404 (not programmed or learned there).
 async fn get_json<T: serde::de::DeserializeOwned>(
     client: &Client,
     path: &str,

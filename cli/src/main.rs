@@ -1,11 +1,12 @@
 //! `kubectl-skiff`: kubectl runs it for `kubectl skiff ...` when it is on PATH.
 //!
 //! `kubectl skiff trace deployment/web [-n NS] [-o table|json]`: each step of the path from
-//! the API server's acceptance to every node's service proxy, with its time.
+//! the API server's acceptance to every node's service proxy and cluster DNS server, with its
+//! time.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use skiff_cli::collect::{self, Proxies, Target};
+use skiff_cli::collect::{self, AddOn, Target};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -28,15 +29,19 @@ struct Cli {
 enum Command {
     /// The steps of a Deployment's, Service's or Pod's path with their times: accepted,
     /// ReplicaSet and pods created, scheduled, sandbox ready, image pulled, started, Ready,
-    /// in the EndpointSlice, programmed into each node's service proxy.
+    /// in the EndpointSlice, programmed into each node's service proxy, name resolvable by
+    /// each cluster DNS server.
     Trace {
         /// deployment/NAME, service/NAME or pod/NAME.
         target: Target,
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
         /// The port of the proxies' status endpoint (`proxy run --status`).
-        #[arg(long, default_value_t = Proxies::default().port)]
+        #[arg(long, default_value_t = AddOn::proxies().port)]
         proxy_port: u16,
+        /// The port of the cluster DNS servers' metrics endpoint (`skiff-dns --metrics-listen`).
+        #[arg(long, default_value_t = AddOn::dns().port)]
+        dns_port: u16,
     },
 }
 
@@ -79,12 +84,17 @@ fn main() -> Result<()> {
                 target,
                 output,
                 proxy_port,
+                dns_port,
             } => {
-                let proxies = Proxies {
+                let proxies = AddOn {
                     port: *proxy_port,
-                    ..Proxies::default()
+                    ..AddOn::proxies()
                 };
-                let trace = collect::trace(client, &namespace, target, &proxies).await?;
+                let dns = AddOn {
+                    port: *dns_port,
+                    ..AddOn::dns()
+                };
+                let trace = collect::trace(client, &namespace, target, &proxies, &dns).await?;
                 match output {
                     Output::Table => print!("{}", trace.table()),
                     Output::Json => println!("{}", serde_json::to_string_pretty(&trace)?),

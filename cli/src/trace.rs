@@ -28,7 +28,8 @@ pub enum StepKind {
     InEndpointSlice,
     /// A node's service proxy wrote the pod's address into its maps.
     Programmed,
-    /// Cluster DNS answers the Service's name.
+    /// A cluster DNS server answers the Service's name: with the pod's address (headless
+    /// Service), or with the cluster IP (then a step of the Service, not of one pod).
     Resolvable,
 }
 
@@ -191,7 +192,7 @@ impl Trace {
         }
         let _ = writeln!(
             out,
-            "MS: milliseconds since accepted. API times are whole seconds (metav1.Time); programmed times are the proxies' clocks."
+            "MS: milliseconds since accepted. API times are whole seconds (metav1.Time); programmed and name resolvable times are the proxies' and DNS servers' clocks."
         );
         for n in &self.notes {
             let _ = writeln!(out, "note: {n}");
@@ -308,5 +309,6 @@ mod tests {
         assert!(StepKind::Accepted < StepKind::ReplicaSetCreated);
         assert!(StepKind::Ready < StepKind::InEndpointSlice);
         assert!(StepKind::InEndpointSlice < StepKind::Programmed);
+        assert!(StepKind::Programmed < StepKind::Resolvable);
     }
 }

@@ -28,6 +28,35 @@ pub fn binaries() -> Binaries {
     b
 }
 
+/// `kubectl skiff trace <target> -o json` as a user runs it: the real kubectl, finding the
+/// plugin (`kubectl-skiff`, next to the daemons) on PATH.
+pub fn skiff_trace(c: &Cluster, target: &str) -> Result<Value, String> {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps/<test>");
+    assert!(
+        dir.join("kubectl-skiff").is_file(),
+        "build the plugin first (cargo build -p skiff-cli; cargo xtask test does): no kubectl-skiff in {}",
+        dir.display()
+    );
+    let path = std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .expect("PATH");
+    let out = std::process::Command::new("kubectl")
+        .args(["skiff", "trace", target, "-o", "json"])
+        .env("KUBECONFIG", c.kubeconfig())
+        .env("PATH", path)
+        .output()
+        .expect("running kubectl");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))
+}
+
 /// What a test needs of a pod.
 #[derive(Debug, Clone)]
 pub struct PodView {

@@ -221,7 +221,89 @@ fn cluster_dns_runs_as_a_deployment_and_pods_resolve_services() {
     let took = wait_resolves(&k, "t", "hl.default.svc.cluster.local", &ips(&hl));
     eprintln!("headless hl: {:?} after {took:.2?}", ips(&hl));
 
-    // 6. Services created resolve (the time from `kubectl create` returning to the first
+    // 6. kubectl skiff trace: the name resolvable step from both DNS servers: per pod for
+    // the headless Service (its address in the answer, after the pod turned Ready), for
+    // the Service with a cluster IP once (the name answers with that address).
+    let dns_names: Vec<String> = dns_pods
+        .iter()
+        .map(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    let resolvable = |trace: &Value, object: &str| -> Vec<Value> {
+        trace["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["kind"] == "resolvable" && s["object"] == object)
+            .cloned()
+            .collect()
+    };
+    let from_both = |steps: &[Value]| {
+        steps.len() == dns_names.len()
+            && steps.iter().all(|s| !s["at"].is_null())
+            && dns_names.iter().all(|d| {
+                steps.iter().any(|s| {
+                    s["detail"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains(d.as_str())
+                })
+            })
+    };
+    let trace = wait_until(
+        "the trace of hl resolves every pod on both DNS servers",
+        T,
+        || {
+            let trace = e2e::skiff_trace(&c, "deployment/hl")?;
+            match hl
+                .iter()
+                .all(|p| from_both(&resolvable(&trace, &format!("pod/{}", p.name))))
+            {
+                true => Ok(trace),
+                false => Err(format!("{trace:#}")),
+            }
+        },
+    );
+    let ms = |s: &Value| s["sinceAcceptedMs"].as_i64().unwrap_or(i64::MIN);
+    for p in &hl {
+        let object = format!("pod/{}", p.name);
+        let ready = trace["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["kind"] == "ready" && s["object"] == object.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("no ready step of {object}: {trace:#}"));
+        for r in resolvable(&trace, &object) {
+            assert!(ms(&r) >= ms(&ready), "{r} before {ready}");
+            assert!(r["detail"].as_str().unwrap().contains("service/hl"), "{r}");
+        }
+    }
+    let trace = wait_until(
+        "the trace of echo resolves its name on both DNS servers",
+        T,
+        || {
+            let trace = e2e::skiff_trace(&c, "deployment/echo")?;
+            match from_both(&resolvable(&trace, "service/echo")) {
+                true => Ok(trace),
+                false => Err(format!("{trace:#}")),
+            }
+        },
+    );
+    for r in resolvable(&trace, "service/echo") {
+        let detail = r["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(&format!("echo.default.svc.cluster.local. -> {echo_ip} ")),
+            "{r}"
+        );
+    }
+    eprintln!("{trace:#}");
+
+    // 7. Services created resolve (the time from `kubectl create` returning to the first
     // answer seen by a kubectl exec, which itself takes part of it).
     let mut times = Vec::new();
     for i in 0..5 {

@@ -29,8 +29,6 @@ use skiff_tests::netns::unique_name;
 use skiff_tests::registry::{require_proxy_image, ECHO_IMAGE};
 use skiff_tests::{subnet, wait_until};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(180);
@@ -168,41 +166,6 @@ fn no_failure_while(c: &Cluster, i: usize, addr: &str, what: &str, change: impl 
         seen.failures
     );
     assert!(seen.ok > 20, "the client kept going: {}", seen.summary);
-}
-
-/// The built plugin (`cargo test --workspace` builds skiff-cli's binary beside the daemons).
-fn plugin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf();
-    assert!(
-        dir.join("kubectl-skiff").is_file(),
-        "build the plugin first (cargo build -p skiff-cli; cargo xtask test does): no kubectl-skiff in {}",
-        dir.display()
-    );
-    dir
-}
-
-/// `kubectl skiff trace <target> -o json` as a user runs it: real kubectl, the plugin on
-/// PATH (before the system's directories, as `cargo xtask up` installs it in one of them).
-fn skiff_trace(c: &Cluster, target: &str) -> Result<Value, String> {
-    let path = std::env::join_paths(std::iter::once(plugin_dir()).chain(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    )))
-    .expect("PATH");
-    let out = Command::new("kubectl")
-        .args(["skiff", "trace", target, "-o", "json"])
-        .env("KUBECONFIG", c.kubeconfig())
-        .env("PATH", path)
-        .output()
-        .expect("running kubectl");
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))
 }
 
 const TRACE_STEPS: [&str; 10] = [
@@ -365,7 +328,7 @@ fn the_proxy_runs_as_a_daemonset() {
         );
     }
     let trace = wait_until("kubectl skiff trace shows every step", T, || {
-        let trace = skiff_trace(&c, "deployment/traced")?;
+        let trace = e2e::skiff_trace(&c, "deployment/traced")?;
         complete_trace(&trace, &nodes).map_err(|e| format!("{e}\n{trace:#}"))?;
         Ok::<_, String>(trace)
     });
