@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::controller::{api_code, ReconcileError};
 use super::informer::{Cached, Informer};
+use super::key::ObjectKey;
 use crate::machinery::LabelSelector;
 
 /// The index of children by the uid of their controller.
@@ -41,6 +42,26 @@ pub fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReferenc
         controller: Some(true),
         block_owner_deletion: Some(true),
     }
+}
+
+/// The cached object of kind `K` that reference `r` (from an object in `namespace`) names:
+/// same kind and API group, same name, and the same uid (a recreated object of the same name
+/// is not the owner).
+pub fn resolve<K: Cached + Resource<DynamicType = ()>>(
+    informer: &Informer<K>,
+    namespace: &str,
+    r: &OwnerReference,
+) -> Option<ObjectKey> {
+    let group = K::group(&());
+    let group_matches = match r.api_version.split_once('/') {
+        Some((g, _)) => g == group,
+        None => group.is_empty(),
+    };
+    if r.kind != K::kind(&()) || !group_matches {
+        return None;
+    }
+    let owner = informer.get_namespaced(namespace, &r.name)?;
+    (owner.uid().as_deref() == Some(r.uid.as_str())).then(|| ObjectKey::of(owner.as_ref()))
 }
 
 /// Index function: the uid of the object's controller.

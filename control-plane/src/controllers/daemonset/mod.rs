@@ -25,7 +25,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource, ResourceExt};
@@ -54,14 +53,6 @@ pub struct DaemonSetController {
     revisions: Informer<ControllerRevision>,
     expectations: Arc<Expectations<ObjectKey, ObjectKey>>,
     recorder: Recorder,
-}
-
-fn resolve(sets: &Informer<DaemonSet>, ns: &str, r: &OwnerReference) -> Option<ObjectKey> {
-    if r.kind != "DaemonSet" || !r.api_version.starts_with("apps/") {
-        return None;
-    }
-    let ds = sets.get_namespaced(ns, &r.name)?;
-    (ds.uid().as_deref() == Some(r.uid.as_str())).then(|| ObjectKey::of(ds.as_ref()))
 }
 
 fn selector(ds: &DaemonSet) -> Option<LabelSelector> {
@@ -108,7 +99,8 @@ pub fn build(ctx: &Context) -> Controller<DaemonSetController> {
     let (q, exp, s) = (queue.clone(), expectations.clone(), sets.clone());
     pods.on_change(move |c| {
         let owner = |p: &Pod| {
-            controller_of(p.meta()).and_then(|r| resolve(&s, &p.namespace().unwrap_or_default(), r))
+            controller_of(p.meta())
+                .and_then(|r| owner::resolve(&s, &p.namespace().unwrap_or_default(), r))
         };
         match c {
             Change::Added(p) => match owner(p) {
@@ -166,8 +158,8 @@ pub fn build(ctx: &Context) -> Controller<DaemonSetController> {
     revisions.on_change(move |c| {
         // A revision deleted or changed by someone else: its DaemonSet restores its history.
         let r = c.object();
-        if let Some(k) =
-            controller_of(r.meta()).and_then(|o| resolve(&s, &r.namespace().unwrap_or_default(), o))
+        if let Some(k) = controller_of(r.meta())
+            .and_then(|o| owner::resolve(&s, &r.namespace().unwrap_or_default(), o))
         {
             q.add(k);
         }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
@@ -77,7 +77,7 @@ pub fn build(ctx: &Context) -> Controller<DeploymentController> {
             else {
                 return;
             };
-            if let Some(key) = controller_of(rs.meta()).and_then(|r| resolve(&ds, &ns, r)) {
+            if let Some(key) = controller_of(rs.meta()).and_then(|r| owner::resolve(&ds, &ns, r)) {
                 if ds.get(&key).is_some_and(|d| is_recreate(&d)) {
                     q.add(key);
                 }
@@ -101,14 +101,6 @@ pub fn build(ctx: &Context) -> Controller<DeploymentController> {
     )
 }
 
-fn resolve(ds: &Informer<Deployment>, namespace: &str, r: &OwnerReference) -> Option<ObjectKey> {
-    if r.kind != "Deployment" || !r.api_version.starts_with("apps/") {
-        return None;
-    }
-    let d = ds.get_namespaced(namespace, &r.name)?;
-    (d.uid().as_deref() == Some(r.uid.as_str())).then(|| ObjectKey::of(d.as_ref()))
-}
-
 fn selector_of(d: &Deployment) -> Option<LabelSelector> {
     LabelSelector::from_meta(&d.spec.as_ref()?.selector).ok()
 }
@@ -125,7 +117,9 @@ fn on_rs_change(c: &Change<ReplicaSet>, ds: &Informer<Deployment>, q: &WorkQueue
     let enqueue_owner = |rs: &ReplicaSet| {
         let ns = rs.namespace().unwrap_or_default();
         match controller_of(rs.meta()) {
-            Some(r) => resolve(ds, &ns, r).into_iter().for_each(|k| q.add(k)),
+            Some(r) => owner::resolve(ds, &ns, r)
+                .into_iter()
+                .for_each(|k| q.add(k)),
             None => matching_deployments(ds, rs)
                 .into_iter()
                 .for_each(|k| q.add(k)),
@@ -137,12 +131,14 @@ fn on_rs_change(c: &Change<ReplicaSet>, ds: &Informer<Deployment>, q: &WorkQueue
             let ns = new.namespace().unwrap_or_default();
             let (old_ref, new_ref) = (controller_of(old.meta()), controller_of(new.meta()));
             if old_ref != new_ref {
-                if let Some(k) = old_ref.and_then(|r| resolve(ds, &ns, r)) {
+                if let Some(k) = old_ref.and_then(|r| owner::resolve(ds, &ns, r)) {
                     q.add(k);
                 }
             }
             match new_ref {
-                Some(r) => resolve(ds, &ns, r).into_iter().for_each(|k| q.add(k)),
+                Some(r) => owner::resolve(ds, &ns, r)
+                    .into_iter()
+                    .for_each(|k| q.add(k)),
                 None => {
                     if old.labels() != new.labels() || old_ref.is_some() {
                         matching_deployments(ds, new)

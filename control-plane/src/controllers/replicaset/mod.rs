@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource, ResourceExt};
@@ -87,19 +87,6 @@ pub fn build(ctx: &Context) -> Controller<ReplicaSetController> {
     )
 }
 
-/// The ReplicaSet `reference` points to, if it is one and still has that uid.
-fn resolve(
-    sets: &Informer<ReplicaSet>,
-    namespace: &str,
-    reference: &OwnerReference,
-) -> Option<ObjectKey> {
-    if reference.kind != "ReplicaSet" || !reference.api_version.starts_with("apps/") {
-        return None;
-    }
-    let rs = sets.get_namespaced(namespace, &reference.name)?;
-    (rs.uid().as_deref() == Some(reference.uid.as_str())).then(|| ObjectKey::of(rs.as_ref()))
-}
-
 /// The ReplicaSets in the pod's namespace whose selector matches it (for orphans).
 fn matching_sets(sets: &Informer<ReplicaSet>, pod: &Pod) -> Vec<ObjectKey> {
     let ns = pod.namespace().unwrap_or_default();
@@ -121,7 +108,7 @@ fn on_pod_change(
 ) {
     let deleted = |pod: &Pod| {
         let ns = pod.namespace().unwrap_or_default();
-        if let Some(key) = controller_of(pod.meta()).and_then(|r| resolve(sets, &ns, r)) {
+        if let Some(key) = controller_of(pod.meta()).and_then(|r| owner::resolve(sets, &ns, r)) {
             exp.deletion_observed(&key, &ObjectKey::of(pod));
             queue.add(key);
         }
@@ -135,7 +122,7 @@ fn on_pod_change(
             let ns = pod.namespace().unwrap_or_default();
             match controller_of(pod.meta()) {
                 Some(r) => {
-                    if let Some(key) = resolve(sets, &ns, r) {
+                    if let Some(key) = owner::resolve(sets, &ns, r) {
                         exp.creation_observed(&key);
                         queue.add(key);
                     }
@@ -159,13 +146,13 @@ fn on_pod_change(
             let ns = new.namespace().unwrap_or_default();
             let (old_ref, new_ref) = (controller_of(old.meta()), controller_of(new.meta()));
             if old_ref != new_ref {
-                if let Some(key) = old_ref.and_then(|r| resolve(sets, &ns, r)) {
+                if let Some(key) = old_ref.and_then(|r| owner::resolve(sets, &ns, r)) {
                     queue.add(key);
                 }
             }
             match new_ref {
                 Some(r) => {
-                    if let Some(key) = resolve(sets, &ns, r) {
+                    if let Some(key) = owner::resolve(sets, &ns, r) {
                         let min_ready = sets
                             .get(&key)
                             .and_then(|rs| rs.spec.as_ref().and_then(|s| s.min_ready_seconds))

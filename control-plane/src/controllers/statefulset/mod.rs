@@ -44,14 +44,6 @@ pub struct StatefulSetController {
     recorder: Recorder,
 }
 
-fn resolve(sets: &Informer<StatefulSet>, ns: &str, r: &OwnerReference) -> Option<ObjectKey> {
-    if r.kind != "StatefulSet" || !r.api_version.starts_with("apps/") {
-        return None;
-    }
-    let s = sets.get_namespaced(ns, &r.name)?;
-    (s.uid().as_deref() == Some(r.uid.as_str())).then(|| ObjectKey::of(s.as_ref()))
-}
-
 fn selector(s: &StatefulSet) -> Option<LabelSelector> {
     LabelSelector::from_meta(&s.spec.as_ref()?.selector).ok()
 }
@@ -73,7 +65,7 @@ pub fn build(ctx: &Context) -> Controller<StatefulSetController> {
     pods.on_change(move |c| {
         let p = c.object();
         let ns = p.namespace().unwrap_or_default();
-        match controller_of(p.meta()).and_then(|r| resolve(&s, &ns, r)) {
+        match controller_of(p.meta()).and_then(|r| owner::resolve(&s, &ns, r)) {
             Some(k) => q.add(k),
             None if controller_of(p.meta()).is_none() => {
                 // An orphan: the sets whose selector matches may adopt it.
@@ -88,7 +80,7 @@ pub fn build(ctx: &Context) -> Controller<StatefulSetController> {
             None => {}
         }
         if let Change::Updated { old, .. } = c {
-            if let Some(k) = controller_of(old.meta()).and_then(|r| resolve(&s, &ns, r)) {
+            if let Some(k) = controller_of(old.meta()).and_then(|r| owner::resolve(&s, &ns, r)) {
                 q.add(k);
             }
         }
@@ -96,8 +88,8 @@ pub fn build(ctx: &Context) -> Controller<StatefulSetController> {
     let (q, s) = (queue.clone(), sets.clone());
     revisions.on_change(move |c| {
         let r = c.object();
-        if let Some(k) =
-            controller_of(r.meta()).and_then(|o| resolve(&s, &r.namespace().unwrap_or_default(), o))
+        if let Some(k) = controller_of(r.meta())
+            .and_then(|o| owner::resolve(&s, &r.namespace().unwrap_or_default(), o))
         {
             q.add(k);
         }
