@@ -11,7 +11,7 @@ use k8s_openapi::api::events::v1 as eventsv1;
 use serde_json::Value;
 
 use super::registry::Resource;
-use crate::machinery::kinds::events;
+use crate::machinery::kinds::{events, hpa};
 use crate::machinery::ApiError;
 use crate::store::cache::CachedObject;
 
@@ -41,6 +41,22 @@ pub static EVENTS_V1: Conversion = Conversion {
     },
     field: events::core_field_label,
 };
+
+/// autoscaling/v1 HorizontalPodAutoscaler over the stored autoscaling/v2 one.
+pub static HPA_V1: Conversion = Conversion {
+    storage: (hpa::GROUP, "v2", "horizontalpodautoscalers"),
+    to_storage: |v| hpa::v1_value_to_v2(v).map_err(conversion_error),
+    from_storage: |v| hpa::v2_value_to_v1(v).map_err(conversion_error),
+    field: |f| match f {
+        "metadata.name" => Some("metadata.name"),
+        "metadata.namespace" => Some("metadata.namespace"),
+        _ => None,
+    },
+};
+
+fn conversion_error(e: crate::machinery::FieldError) -> ApiError {
+    ApiError::bad_request(format!("converting: {}: {}", e.field, e.message))
+}
 
 fn decode<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     serde_json::from_value(v).map_err(|e| ApiError::bad_request(format!("converting: {e}")))

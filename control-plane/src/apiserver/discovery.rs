@@ -48,16 +48,18 @@ pub fn core_versions(server_address: &str) -> Value {
 }
 
 fn api_group(name: &str) -> APIGroup {
-    let version = registry::group_version(name);
-    let gv = GroupVersionForDiscovery {
-        group_version: format!("{name}/{version}"),
-        version: version.into(),
-    };
+    let versions: Vec<GroupVersionForDiscovery> = registry::group_versions(name)
+        .into_iter()
+        .map(|version| GroupVersionForDiscovery {
+            group_version: format!("{name}/{version}"),
+            version: version.into(),
+        })
+        .collect();
     APIGroup {
         name: name.into(),
-        preferred_version: Some(gv.clone()),
+        preferred_version: versions.first().cloned(),
         server_address_by_client_cidrs: None,
-        versions: vec![gv],
+        versions,
     }
 }
 
@@ -174,9 +176,12 @@ pub fn aggregated(core: bool, version: &str) -> Value {
     let items: Vec<Value> = names
         .into_iter()
         .map(|g| {
+            let versions: Vec<Value> = registry::group_versions(g)
+                .into_iter()
+                .map(|version| {
             let resources: Vec<Value> = RESOURCES
                 .iter()
-                .filter(|r| r.group == g)
+                .filter(|r| r.group == g && r.version == version)
                 .map(|r| {
                     let subs: Vec<Value> = r
                         .subresources
@@ -209,10 +214,12 @@ pub fn aggregated(core: bool, version: &str) -> Value {
                     res
                 })
                 .collect();
+            json!({"version": version, "resources": resources, "freshness": "Current"})
+                })
+                .collect();
             json!({
                 "metadata": {"name": g, "creationTimestamp": null},
-                "versions": [{"version": registry::group_version(g), "resources": resources,
-                              "freshness": "Current"}],
+                "versions": versions,
             })
         })
         .collect();

@@ -1,14 +1,15 @@
 //! Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`), as the typed
 //! clients inside kubectl send them (`kubectl create deployment|configmap|secret|namespace|
-//! service|serviceaccount`): the `k8s\0` magic, a runtime.Unknown envelope naming the
-//! apiVersion/kind, and the object's message, decoded with k8s-pb and converted to JSON field
-//! by field (k8s-pb has no serde). The conversion covers the fields those commands set; a body
+//! service|serviceaccount`, `kubectl autoscale`): the `k8s\0` magic, a runtime.Unknown
+//! envelope naming the apiVersion/kind, and the object's message, decoded with k8s-pb and
+//! converted to JSON field by field (k8s-pb has no serde). The conversion covers the fields those commands set; a body
 //! using a part it does not cover is refused with 415, never silently cut short.
 
 use k8s_openapi::ByteString;
 use k8s_pb::api::apps::v1 as apps;
 use k8s_pb::api::authentication::v1 as authn;
 use k8s_pb::api::authorization::v1 as authorization;
+use k8s_pb::api::autoscaling::v1 as autoscaling;
 use k8s_pb::api::batch::v1 as batch;
 use k8s_pb::api::certificates::v1 as certificates;
 use k8s_pb::api::core::v1 as core;
@@ -191,6 +192,9 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         ("certificates.k8s.io/v1", "CertificateSigningRequest") => certificate_signing_request(
             certificates::CertificateSigningRequest::decode(&*bytes).map_err(bad)?,
         ),
+        ("autoscaling/v1", "HorizontalPodAutoscaler") => horizontal_pod_autoscaler(
+            autoscaling::HorizontalPodAutoscaler::decode(&*bytes).map_err(bad)?,
+        ),
         ("v1", "ServiceAccount") => {
             let sa = core::ServiceAccount::decode(&*bytes).map_err(bad)?;
             obj(vec![("metadata", Some(object_meta(sa.metadata)))])
@@ -265,6 +269,35 @@ fn certificate_signing_request(c: certificates::CertificateSigningRequest) -> Va
             ])),
         ),
         ("status", status),
+    ])
+}
+
+/// An autoscaling/v1 HorizontalPodAutoscaler (`kubectl autoscale`); its status is the
+/// controller's (reset on create), so it is not converted.
+fn horizontal_pod_autoscaler(h: autoscaling::HorizontalPodAutoscaler) -> Value {
+    let spec = h.spec.unwrap_or_default();
+    let target = spec.scale_target_ref.unwrap_or_default();
+    obj(vec![
+        ("metadata", Some(object_meta(h.metadata))),
+        (
+            "spec",
+            Some(obj(vec![
+                (
+                    "scaleTargetRef",
+                    Some(obj(vec![
+                        ("apiVersion", s(target.api_version)),
+                        ("kind", s(target.kind)),
+                        ("name", s(target.name)),
+                    ])),
+                ),
+                ("minReplicas", n(spec.min_replicas)),
+                ("maxReplicas", n(spec.max_replicas)),
+                (
+                    "targetCPUUtilizationPercentage",
+                    n(spec.target_cpu_utilization_percentage),
+                ),
+            ])),
+        ),
     ])
 }
 

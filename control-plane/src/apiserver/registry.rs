@@ -227,7 +227,7 @@ impl Resource {
     }
 }
 
-use super::conversion::{Conversion, EVENTS_V1};
+use super::conversion::{Conversion, EVENTS_V1, HPA_V1};
 use Subresource::*;
 
 const NONE: &[&str] = &[];
@@ -838,6 +838,39 @@ pub static RESOURCES: &[Resource] = &[
         storage: Storage::Own,
         schema: schema::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(),
     },
+    // autoscaling/v2 first: the group's preferred (and storage) version.
+    Resource {
+        group: "autoscaling",
+        version: "v2",
+        kind: "HorizontalPodAutoscaler",
+        plural: "horizontalpodautoscalers",
+        singular: "horizontalpodautoscaler",
+        scope: Scope::Namespaced,
+        short_names: &["hpa"],
+        categories: ALL,
+        subresources: &[Status],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Reset,
+        storage: Storage::Own,
+        schema: schema::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(),
+    },
+    Resource {
+        group: "autoscaling",
+        version: "v1",
+        kind: "HorizontalPodAutoscaler",
+        plural: "horizontalpodautoscalers",
+        singular: "horizontalpodautoscaler",
+        scope: Scope::Namespaced,
+        short_names: &["hpa"],
+        categories: ALL,
+        subresources: &[Status],
+        fields: NONE,
+        indexed: &["metadata.namespace"],
+        status_on_create: StatusOnCreate::Reset,
+        storage: Storage::View(&HPA_V1),
+        schema: schema::<k8s_openapi::api::autoscaling::v1::HorizontalPodAutoscaler>(),
+    },
     Resource {
         group: "scheduling.k8s.io",
         version: "v1",
@@ -888,7 +921,7 @@ pub static RESOURCES: &[Resource] = &[
     },
 ];
 
-/// The groups in discovery order, each with its versions (only v1 today).
+/// The groups in discovery order (each with its versions: [`group_versions`]).
 pub fn groups() -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
     for r in RESOURCES {
@@ -899,12 +932,20 @@ pub fn groups() -> Vec<&'static str> {
     out
 }
 
-/// The version a group is served at (each group has one).
+/// The preferred version of a group: the first served (autoscaling is served at v2 and v1).
 pub fn group_version(group: &str) -> &'static str {
-    RESOURCES
-        .iter()
-        .find(|r| r.group == group)
-        .map_or("v1", |r| r.version)
+    group_versions(group).first().copied().unwrap_or("v1")
+}
+
+/// Every version a group is served at, the preferred first.
+pub fn group_versions(group: &str) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for r in RESOURCES.iter().filter(|r| r.group == group) {
+        if !out.contains(&r.version) {
+            out.push(r.version);
+        }
+    }
+    out
 }
 
 /// The resource at `group/version/plural`.

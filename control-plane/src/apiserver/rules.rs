@@ -18,7 +18,7 @@ use crate::machinery::{strict, ApiError, FieldError, FieldSelector, GroupKind, L
 use crate::store::cache::{CachedObject, Filter};
 
 fn kind_rules(r: &Resource) -> Option<&'static KindRules> {
-    kinds::rules(r.group, r.kind)
+    kinds::rules_at(r.group, r.version, r.kind)
 }
 
 /// Kubernetes' defaulting for the resource's kind.
@@ -122,7 +122,7 @@ pub fn decode_error(r: &Resource, obj: &Value) -> Option<String> {
 
 /// Paths of fields the kind does not define (`fieldValidation=Strict`).
 pub fn unknown_fields(r: &Resource, obj: &Value) -> Vec<String> {
-    strict::unknown_fields(r.group, r.kind, obj)
+    strict::unknown_fields(r.group, r.kind, r.version, obj)
 }
 
 /// The PATCH format of a Content-Type.

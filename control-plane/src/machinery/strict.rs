@@ -17,8 +17,8 @@ use k8s_openapi::api::{
 /// Paths of unknown fields as Kubernetes' strict decoder names them
 /// (`spec.template.spec.containers[0].imagee`), in document order. Empty when the kind is
 /// not served here or the body does not decode at all (the decoder's own error then applies).
-pub fn unknown_fields(group: &str, kind: &str, v: &Value) -> Vec<String> {
-    let Some(Ok(known)) = round_trip(group, kind, v) else {
+pub fn unknown_fields(group: &str, kind: &str, version: &str, v: &Value) -> Vec<String> {
+    let Some(Ok(known)) = round_trip(group, kind, version, v) else {
         return vec![];
     };
     let mut unknown = vec![];
@@ -39,7 +39,7 @@ pub fn strict_error_message(unknown: &[String]) -> String {
 /// (`Secret in version "v1" cannot be handled as a Secret: data.key: Invalid value ...`).
 /// None when it decodes (or the kind is not served here).
 pub fn decode_error(group: &str, kind: &str, version: &str, v: &Value) -> Option<String> {
-    let Some(Err((path, why))) = round_trip(group, kind, v) else {
+    let Some(Err((path, why))) = round_trip(group, kind, version, v) else {
         return None;
     };
     let at = if path.is_empty() || path == "." {
@@ -59,8 +59,19 @@ fn typed<T: DeserializeOwned + Serialize>(v: &Value) -> Result<Value, (String, S
     serde_json::to_value(t).map_err(|e| (String::new(), e.to_string()))
 }
 
-fn round_trip(group: &str, kind: &str, v: &Value) -> Option<Result<Value, (String, String)>> {
+fn round_trip(
+    group: &str,
+    kind: &str,
+    version: &str,
+    v: &Value,
+) -> Option<Result<Value, (String, String)>> {
     Some(match (group, kind) {
+        ("autoscaling", "HorizontalPodAutoscaler") if version == "v1" => {
+            typed::<autoscaling::v1::HorizontalPodAutoscaler>(v)
+        }
+        ("autoscaling", "HorizontalPodAutoscaler") => {
+            typed::<autoscaling::v2::HorizontalPodAutoscaler>(v)
+        }
         ("", "Namespace") => typed::<core::v1::Namespace>(v),
         ("", "Pod") => typed::<core::v1::Pod>(v),
         ("", "Service") => typed::<core::v1::Service>(v),
@@ -154,9 +165,9 @@ mod tests {
 
     #[test]
     fn known_object_has_no_unknown_fields() {
-        assert!(unknown_fields("apps", "Deployment", &deployment()).is_empty());
+        assert!(unknown_fields("apps", "Deployment", "v1", &deployment()).is_empty());
         let cm = json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c"},"data":{"any.key":"v"},"binaryData":{"b":"AAE="}});
-        assert!(unknown_fields("", "ConfigMap", &cm).is_empty());
+        assert!(unknown_fields("", "ConfigMap", "v1", &cm).is_empty());
     }
 
     #[test]
@@ -165,7 +176,7 @@ mod tests {
         d["spec"]["template"]["spec"]["containers"][0]["imagee"] = json!("typo");
         d["spec"]["bogus"] = json!({"deep": 1});
         d["metadata"]["nmae"] = json!("x");
-        let unknown = unknown_fields("apps", "Deployment", &d);
+        let unknown = unknown_fields("apps", "Deployment", "v1", &d);
         assert_eq!(
             unknown,
             vec![
@@ -184,10 +195,10 @@ mod tests {
     fn nulls_and_undecodable_bodies() {
         let mut d = deployment();
         d["spec"]["paused"] = Value::Null;
-        assert!(unknown_fields("apps", "Deployment", &d).is_empty());
+        assert!(unknown_fields("apps", "Deployment", "v1", &d).is_empty());
         d["spec"]["replicas"] = json!("three");
-        assert!(unknown_fields("apps", "Deployment", &d).is_empty());
-        assert!(unknown_fields("example.com", "Widget", &json!({"x": 1})).is_empty());
+        assert!(unknown_fields("apps", "Deployment", "v1", &d).is_empty());
+        assert!(unknown_fields("example.com", "Widget", "v1", &json!({"x": 1})).is_empty());
     }
 
     #[test]
@@ -229,6 +240,7 @@ mod tests {
             ("coordination.k8s.io", "Lease"),
             ("events.k8s.io", "Event"),
             ("autoscaling", "Scale"),
+            ("autoscaling", "HorizontalPodAutoscaler"),
             (
                 "admissionregistration.k8s.io",
                 "MutatingWebhookConfiguration",
@@ -253,7 +265,7 @@ mod tests {
                 _ => {}
             }
             assert_eq!(
-                unknown_fields(group, kind, &v),
+                unknown_fields(group, kind, "v1", &v),
                 vec!["extra"],
                 "{group}/{kind}"
             );
@@ -271,7 +283,7 @@ mod tests {
                 _ => (&mut d["spec"]["template"]["spec"]["containers"][0], "spec.template.spec.containers[0]"),
             };
             target[&name] = json!(1);
-            prop_assert_eq!(unknown_fields("apps", "Deployment", &d), vec![format!("{path}.{name}")]);
+            prop_assert_eq!(unknown_fields("apps", "Deployment", "v1", &d), vec![format!("{path}.{name}")]);
         }
     }
 }

@@ -15,6 +15,7 @@ mod coordination;
 mod core;
 mod discovery;
 pub mod events;
+pub mod hpa;
 mod limits;
 mod node;
 mod pod;
@@ -289,6 +290,21 @@ static CERTIFICATE_SIGNING_REQUEST: KindRules = KindRules {
     row: certificates::row,
     field: certificates::field,
 };
+static HPA: KindRules = KindRules {
+    default: hpa::default,
+    validate: hpa::validate,
+    columns: hpa::columns,
+    row: hpa::row,
+    field: common::meta_field,
+};
+/// autoscaling/v1 HorizontalPodAutoscaler: validated and printed as its v2 form.
+static HPA_V1: KindRules = KindRules {
+    default: hpa::default_v1,
+    validate: hpa::validate_v1,
+    columns: hpa::columns,
+    row: hpa::row_v1,
+    field: common::meta_field,
+};
 static SCALE: KindRules = KindRules {
     default: no_defaults,
     validate: autoscaling::validate,
@@ -296,6 +312,15 @@ static SCALE: KindRules = KindRules {
     row: common::default_row,
     field: common::meta_field,
 };
+
+/// The rules of a kind at one version: the kind's own, but for a kind served at several
+/// versions whose shapes differ (autoscaling/v1 HorizontalPodAutoscaler).
+pub fn rules_at(group: &str, version: &str, kind: &str) -> Option<&'static KindRules> {
+    match (group, version, kind) {
+        (hpa::GROUP, "v1", "HorizontalPodAutoscaler") => Some(&HPA_V1),
+        _ => rules(group, kind),
+    }
+}
 
 /// The rules of a kind skiff serves (group "" is core), or None.
 pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
@@ -332,6 +357,7 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("", "PersistentVolumeClaim") => &PERSISTENT_VOLUME_CLAIM,
         (certificates::GROUP, "CertificateSigningRequest") => &CERTIFICATE_SIGNING_REQUEST,
         (scheduling::GROUP, "PriorityClass") => &PRIORITY_CLASS,
+        (hpa::GROUP, "HorizontalPodAutoscaler") => &HPA,
         _ => return None,
     })
 }
@@ -443,6 +469,10 @@ mod tests {
                 v["spec"] = csr["spec"].clone();
             }
             (scheduling::GROUP, "PriorityClass") => v["value"] = json!(1000),
+            (hpa::GROUP, "HorizontalPodAutoscaler") => {
+                v["apiVersion"] = json!("autoscaling/v2");
+                v["spec"] = hpa::tests::minimal("web")["spec"].clone();
+            }
             _ => {}
         }
         v
@@ -477,6 +507,7 @@ mod tests {
         ("", "PersistentVolumeClaim"),
         (certificates::GROUP, "CertificateSigningRequest"),
         (scheduling::GROUP, "PriorityClass"),
+        (hpa::GROUP, "HorizontalPodAutoscaler"),
     ];
 
     #[test]

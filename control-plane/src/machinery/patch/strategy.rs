@@ -282,6 +282,8 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         ("", "Node") => &NODE,
         // Metadata and status conditions, as a Namespace.
         ("", "Namespace" | "PersistentVolumeClaim") => &NAMESPACE,
+        // Metrics are an atomic list in k8s.io/api; status conditions merge by type.
+        ("autoscaling", "HorizontalPodAutoscaler") => &NAMESPACE,
         ("", "ServiceAccount") => &SERVICE_ACCOUNT,
         ("", "Endpoints" | "Event" | "ConfigMap" | "Secret" | "Binding")
         | ("", "LimitRange" | "ResourceQuota")
