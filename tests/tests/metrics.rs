@@ -2,7 +2,11 @@
 //! uses: the control plane and node agents as processes, real containerd) with the real
 //! kubectl: `kubectl top nodes` lists both nodes; `kubectl top pods` shows a pod burning CPU
 //! above an idle one; `--containers`, `-A` and label selectors; the `view` role (through
-//! system:aggregated-metrics-reader) may read metrics, an unprivileged user gets 403.
+//! system:aggregated-metrics-reader) may read metrics, an unprivileged user gets 403. On the
+//! same cluster, the HorizontalPodAutoscaler: the real `kubectl autoscale deployment`, a
+//! memory target, a pod holding memory above it: the Deployment is scaled to the count
+//! Kubernetes' formula gives for the utilization the HPA reported, `kubectl get hpa` shows
+//! the target, and the SuccessfulRescale Event says why.
 //!
 //! Needs the daemons built (`cargo build -p control-plane -p node -p proxy`, which
 //! `cargo xtask test` does) and the images in the local registry (`cargo xtask images`).
@@ -203,4 +207,135 @@ fn kubectl_top_shows_nodes_pods_and_containers() {
             Err(r.stderr)
         }
     });
+
+    autoscale_on_memory(&k);
+}
+
+/// Percent of its memory request the pod's target is (Utilization).
+const MEMORY_TARGET: i64 = 50;
+
+/// A Deployment of one echo pod requesting 64Mi, made to hold 80 MiB (about 130% of its
+/// request), autoscaled by `kubectl autoscale` and then on memory: the first rescale goes from
+/// 1 to ceil(utilization / 50) (at most 4, Kubernetes' scale-up limit from one replica).
+fn autoscale_on_memory(k: &Kubectl) {
+    let manifest = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "grow"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "grow"}},
+            "template": {"metadata": {"labels": {"app": "grow"}},
+                "spec": {"containers": [{"name": "web", "image": ECHO_IMAGE,
+                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}}]}}}
+    });
+    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
+    assert!(r.success, "creating grow: {}", r.stderr);
+    k.ok(&["rollout", "status", "deployment/grow", "--timeout=120s"]);
+    let held = k.ok(&[
+        "exec",
+        "deploy/grow",
+        "--",
+        "/echo",
+        "fetch",
+        "http://127.0.0.1:8080/control/alloc/80",
+    ]);
+    assert!(held.contains("allocated 80 MiB"), "{held}");
+
+    // kubectl 1.33 posts autoscaling/v1 (a CPU target); the target is then memory (v2).
+    let out = k.ok(&[
+        "autoscale",
+        "deployment",
+        "grow",
+        "--cpu-percent=50",
+        "--min=1",
+        "--max=5",
+    ]);
+    assert!(out.contains("autoscaled"), "{out}");
+    let mut watch = k.spawn(&["get", "hpa", "grow", "-o", "json", "--watch"]);
+    let stdout = watch.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for v in serde_json::Deserializer::from_reader(stdout).into_iter::<serde_json::Value>() {
+            let Ok(v) = v else { break };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let metrics = serde_json::json!({"spec": {"metrics": [{"type": "Resource", "resource":
+        {"name": "memory", "target": {"type": "Utilization", "averageUtilization": MEMORY_TARGET}}}]}});
+    k.ok(&[
+        "patch",
+        "hpa",
+        "grow",
+        "--type=merge",
+        "-p",
+        &metrics.to_string(),
+    ]);
+
+    // The status the controller wrote with its first rescale: what it measured and chose.
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let v = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no rescale of hpa/grow within 300 s ({e})"));
+        if v["status"]["lastScaleTime"].is_string() {
+            break v["status"].clone();
+        }
+    };
+    let _ = watch.kill();
+    let _ = watch.wait();
+    eprintln!("hpa/grow status at its first rescale: {status}");
+    assert_eq!(status["currentReplicas"], 1, "{status}");
+    let current = &status["currentMetrics"][0]["resource"];
+    assert_eq!(current["name"], "memory", "{status}");
+    let utilization = current["current"]["averageUtilization"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(utilization > MEMORY_TARGET * 11 / 10, "{status}");
+    let expected = ((utilization + MEMORY_TARGET - 1) / MEMORY_TARGET).min(4);
+    assert_eq!(status["desiredReplicas"], expected, "{status}");
+    let conditions = status["conditions"].to_string();
+    for c in ["SucceededRescale", "ValidMetricFound"] {
+        assert!(conditions.contains(c), "{conditions}");
+    }
+
+    let replicas = k.ok(&[
+        "get",
+        "deployment",
+        "grow",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ]);
+    assert!(
+        replicas.trim().parse::<i64>().unwrap() >= expected,
+        "{replicas}"
+    );
+    let row = wait_until("kubectl get hpa shows the measured memory", T, || {
+        let out = k.ok(&["get", "hpa", "grow", "--no-headers"]);
+        let w: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+        let shown = w
+            .get(3)
+            .is_some_and(|t| t.ends_with("%/50%") && !t.starts_with('<'));
+        if w.get(1).map(String::as_str) == Some("Deployment/grow")
+            && w.get(2).map(String::as_str) == Some("memory:")
+            && shown
+        {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    });
+    eprintln!("{row}");
+    let events = k.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=grow,reason=SuccessfulRescale",
+        "-o",
+        "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+    ]);
+    let want = format!(
+        "New size: {expected}; reason: memory resource utilization (percentage of request) above target"
+    );
+    assert!(events.lines().any(|l| l == want), "{want}\n{events}");
 }

@@ -88,6 +88,9 @@ pub struct ControllerArgs {
     /// by it).
     #[arg(long, default_value = "8760h", value_parser = parse_duration)]
     pub cluster_signing_duration: Duration,
+    /// How often each HorizontalPodAutoscaler is synced.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub horizontal_pod_autoscaler_sync_period: Duration,
 }
 
 impl ControllerArgs {
@@ -143,6 +146,7 @@ impl ControllerArgs {
                 unhealthy_zone_threshold: self.unhealthy_zone_threshold,
                 large_cluster_size_threshold: self.large_cluster_size_threshold,
             },
+            hpa_sync_period: self.horizontal_pod_autoscaler_sync_period,
             ..Settings::default()
         })
     }

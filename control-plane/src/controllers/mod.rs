@@ -7,7 +7,8 @@
 //! [`ttlafterfinished`]), [`cronjob`], [`statefulset`] (with [`history`], the
 //! ControllerRevisions it shares with DaemonSets), [`resourcequota`], [`serviceaccounts`] and
 //! [`rootcacertpublisher`] (each namespace's identity for pods), [`csrapproving`] and
-//! [`csrsigning`] (node client certificates through CertificateSigningRequests); [`pods`] holds what they
+//! [`csrsigning`] (node client certificates through CertificateSigningRequests), [`hpa`]
+//! (HorizontalPodAutoscalers on metrics.k8s.io); [`pods`] holds what they
 //! ask of pods; [`manager`] runs the enabled ones under leader election with health and
 //! metrics; [`flags`] are the
 //! controller-manager's command-line flags.
@@ -28,6 +29,7 @@ pub mod endpointslice;
 pub mod flags;
 pub mod garbagecollector;
 pub mod history;
+pub mod hpa;
 pub mod job;
 pub mod manager;
 pub mod namespace;
@@ -87,10 +89,11 @@ pub enum ControllerName {
     RootCaCertPublisher,
     CsrApproving,
     CsrSigning,
+    HorizontalPodAutoscaler,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 22] = [
+    pub const ALL: [ControllerName; 23] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -113,6 +116,7 @@ impl ControllerName {
         ControllerName::RootCaCertPublisher,
         ControllerName::CsrApproving,
         ControllerName::CsrSigning,
+        ControllerName::HorizontalPodAutoscaler,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -139,6 +143,7 @@ impl ControllerName {
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
             ControllerName::CsrApproving => "csrapproving",
             ControllerName::CsrSigning => "csrsigning",
+            ControllerName::HorizontalPodAutoscaler => "horizontalpodautoscaling",
         }
     }
 
@@ -167,6 +172,7 @@ impl ControllerName {
             ControllerName::RootCaCertPublisher => "root-ca-certificate-publisher-controller",
             ControllerName::CsrApproving => "certificatesigningrequest-approving-controller",
             ControllerName::CsrSigning => "certificatesigningrequest-signing-controller",
+            ControllerName::HorizontalPodAutoscaler => "horizontal-pod-autoscaler-controller",
         }
     }
 }
@@ -277,6 +283,8 @@ pub struct Settings {
     /// The CA that signs approved CertificateSigningRequests (None: csrsigning does not
     /// run).
     pub cluster_signing: Option<Arc<csrsigning::Signing>>,
+    /// How often each HorizontalPodAutoscaler is synced.
+    pub hpa_sync_period: Duration,
 }
 
 impl Default for Settings {
@@ -308,6 +316,7 @@ impl Default for Settings {
             eviction_rates: disruption::Rates::default(),
             root_ca: None,
             cluster_signing: None,
+            hpa_sync_period: hpa::DEFAULT_SYNC_PERIOD,
         }
     }
 }
@@ -455,6 +464,9 @@ pub async fn run(
         if let Some(c) = csrsigning::build(&ctx) {
             tasks.push(Box::pin(c.run(t())));
         }
+    }
+    if on(ControllerName::HorizontalPodAutoscaler) {
+        tasks.push(Box::pin(hpa::build(&ctx).run(t())));
     }
     if on(ControllerName::Namespace) {
         tasks.push(Box::pin(namespace::build(&ctx).run(t())));

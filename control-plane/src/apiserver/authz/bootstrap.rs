@@ -414,6 +414,25 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "horizontal-pod-autoscaler",
+            vec![
+                r(
+                    &["get", "list", "watch"],
+                    &["autoscaling"],
+                    &["horizontalpodautoscalers"],
+                ),
+                r(
+                    &["patch", "update"],
+                    &["autoscaling"],
+                    &["horizontalpodautoscalers/status"],
+                ),
+                r(&["get", "patch", "update"], &["*"], &["*/scale"]),
+                r(&["list"], &[""], &["pods"]),
+                r(&["list"], &["metrics.k8s.io"], &["pods"]),
+                events_rule(),
+            ],
+        ),
+        (
             "statefulset-controller",
             vec![
                 r(&["list", "watch"], &[""], &["pods"]),
