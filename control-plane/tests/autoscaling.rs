@@ -70,7 +70,13 @@ fn hpa_versions_table_and_validation() {
     );
     assert_eq!(v2["spec"]["scaleTargetRef"]["kind"], "Deployment");
     assert_eq!(v2["metadata"]["generation"], 1);
-    let v1 = json(&k.ok(&["get", "hpa.v1.autoscaling", "web", "-o", "json"]));
+    let v1 = json(&k.ok(&[
+        "get",
+        "horizontalpodautoscalers.v1.autoscaling",
+        "web",
+        "-o",
+        "json",
+    ]));
     assert_eq!(v1["apiVersion"], "autoscaling/v1");
     assert_eq!(v1["spec"]["targetCPUUtilizationPercentage"], 50);
     assert_eq!(v1["spec"]["minReplicas"], 1);
@@ -121,7 +127,13 @@ fn hpa_versions_table_and_validation() {
         ["memory:", "<unknown>/100Mi"],
         "{table}"
     );
-    let v1 = json(&k.ok(&["get", "hpa.v1.autoscaling", "web", "-o", "json"]));
+    let v1 = json(&k.ok(&[
+        "get",
+        "horizontalpodautoscalers.v1.autoscaling",
+        "web",
+        "-o",
+        "json",
+    ]));
     assert!(
         v1["spec"].get("targetCPUUtilizationPercentage").is_none(),
         "{v1}"
@@ -132,7 +144,12 @@ fn hpa_versions_table_and_validation() {
             .is_some_and(|m| m.contains("100Mi")),
         "{v1}"
     );
-    k.ok(&["label", "hpa.v1.autoscaling", "web", "tier=front"]);
+    k.ok(&[
+        "label",
+        "horizontalpodautoscalers.v1.autoscaling",
+        "web",
+        "tier=front",
+    ]);
     let v2 = json(&k.ok(&["get", "hpa", "web", "-o", "json"]));
     assert_eq!(
         v2["spec"]["metrics"][0]["resource"]["target"]["averageValue"],
@@ -161,7 +178,7 @@ spec:
 ",
     );
     for want in [
-        "HorizontalPodAutoscaler.autoscaling \"bad\" is invalid",
+        "The HorizontalPodAutoscaler \"bad\" is invalid",
         "spec.minReplicas: Invalid value: 0: must be greater than or equal to 1",
         "spec.maxReplicas: Invalid value: 0: must be greater than 0",
         "spec.metrics[0].resource.target.averageUtilization: Required value: must set either a target raw value or a target utilization",
@@ -207,6 +224,6 @@ spec:
     let table = k.ok(&["get", "hpa", "web", "--no-headers"]);
     assert_eq!(words(&table)[6], "2", "{table}");
     k.ok(&["delete", "hpa", "web"]);
-    let err = k.fails(&["get", "hpa.v1.autoscaling", "web"]);
+    let err = k.fails(&["get", "horizontalpodautoscalers.v1.autoscaling", "web"]);
     assert!(err.contains("NotFound"), "{err}");
 }
