@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +89,9 @@ pub struct Config {
     pub watch_history: usize,
     /// How often idle watches with allowWatchBookmarks get a BOOKMARK.
     pub bookmark_interval: Duration,
+    /// How often the ClusterIP and NodePort claims are checked against the Services (leaks
+    /// freed, missing claims written).
+    pub allocation_repair_interval: Duration,
     /// How long the watch cache may fail to follow the store (while it retries) before
     /// /livez fails too (/readyz fails at once).
     pub cache_liveness_grace: Duration,
@@ -140,6 +143,7 @@ impl Config {
             store_history: RedbOptions::default().history_limit,
             watch_history: CacheOptions::default().history_per_resource,
             bookmark_interval: Duration::from_secs(30),
+            allocation_repair_interval: Duration::from_secs(60),
             cache_liveness_grace: Duration::from_secs(120),
             admission: admission::Config::default(),
             transport: TransportMode::Tls,
@@ -198,6 +202,8 @@ pub struct RunningServer {
     task: JoinHandle<()>,
     /// Keeps the `kubernetes` Service's endpoints (stopped before the store closes).
     reconciler: JoinHandle<()>,
+    /// Repairs the ClusterIP and NodePort claims now and then.
+    repairer: JoinHandle<()>,
     /// Scrapes the node agents for metrics.k8s.io.
     scraper: Option<JoinHandle<()>>,
     store: OpenStore,
@@ -243,8 +249,12 @@ impl Server {
             },
         )
         .await?;
-        let allocator = Allocator::new(config.service_cidr, config.node_ports.clone());
-        restore_allocations(&cache, &allocator)?;
+        let allocator = Allocator::new(
+            shared.clone(),
+            config.service_cidr,
+            config.node_ports.clone(),
+        );
+        repair_allocations(shared.as_ref(), &cache, &allocator).await?;
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(io(format!("listening on {}", config.listen)))?;
@@ -354,6 +364,10 @@ impl Server {
                 shutdown.clone(),
             ))
         });
+        let repairer = tokio::spawn(keep_allocations_repaired(
+            ctx.clone(),
+            config.allocation_repair_interval,
+        ));
         let task = tokio::spawn(http::serve(listener, ctx, transport));
         tracing::info!(%addr, %scheme, kubeconfig = %kubeconfig_path.display(), "API server serving");
         Ok(RunningServer {
@@ -364,6 +378,7 @@ impl Server {
             shutdown,
             task,
             reconciler,
+            repairer,
             scraper,
             store,
             audit,
@@ -421,6 +436,7 @@ impl RunningServer {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = self.reconciler.await;
+        let _ = self.repairer.await;
         if let Some(scraper) = self.scraper {
             let _ = scraper.await;
         }
@@ -438,14 +454,50 @@ impl RunningServer {
     }
 }
 
-/// Marks the ClusterIPs and NodePorts the stored Services hold.
-fn restore_allocations(cache: &Cache, allocator: &Allocator) -> Result<(), StartError> {
+/// Every stored Service, from the cache once it has every write acknowledged so far.
+async fn stored_services(store: &dyn Store, cache: &Cache) -> Result<Vec<Value>, StoreError> {
     let services = registry::find("", "v1", "services").expect("services are registered");
-    let rc = cache.resource(&services.prefix())?;
+    let rev = store.latest_revision().await?;
+    cache
+        .wait_for(rev, Duration::from_secs(10))
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let rc = cache
+        .resource(&services.prefix())
+        .map_err(|e| StoreError::Backend(e.to_string()))?;
     let everything: crate::store::cache::Filter = Arc::new(|_| true);
     let page = rc.list(&services.prefix(), &everything, None, None);
-    allocator.restore(page.items.iter().filter_map(|o| o.value().ok()));
+    Ok(page.items.iter().filter_map(|o| o.value().ok()).collect())
+}
+
+/// One repair pass of the Service allocations (see [`allocation`]).
+async fn repair_allocations(
+    store: &dyn Store,
+    cache: &Cache,
+    allocator: &Allocator,
+) -> Result<(), StoreError> {
+    let report = allocator.repair(|| stored_services(store, cache)).await?;
+    tracing::info!(
+        created = report.created,
+        freed = report.freed,
+        suspects = report.suspects,
+        "service allocations repaired"
+    );
     Ok(())
+}
+
+/// Repairs the allocations every `every` until shutdown (every API server does: the
+/// preconditions make their passes safe together).
+async fn keep_allocations_repaired(ctx: Arc<Ctx>, every: Duration) {
+    loop {
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if let Err(e) = repair_allocations(ctx.store.as_ref(), &ctx.cache, &ctx.allocator).await {
+            tracing::warn!(error = %e, "repairing the service allocations failed; retried at the next pass");
+        }
+    }
 }
 
 /// Creates the built-in priority classes (system-node-critical, system-cluster-critical) when

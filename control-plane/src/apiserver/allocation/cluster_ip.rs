@@ -118,6 +118,29 @@ impl IpAllocator {
         Ok(())
     }
 
+    /// Whether `ip` is one this range could ever hand out (in the range, not reserved); the
+    /// store says whether it is free.
+    pub fn check_range(&self, ip: Ipv4Addr) -> Result<(), IpError> {
+        let off = self.cidr.offset(ip).ok_or(IpError::OutOfRange(self.cidr))?;
+        if self.reserved(off) {
+            return Err(IpError::Allocated);
+        }
+        Ok(())
+    }
+
+    fn reserved(&self, off: usize) -> bool {
+        [0, 1, self.cidr.size() as usize - 1].contains(&off)
+    }
+
+    /// Notes that `ip` is held (by a claim in the store); a no-op if already noted.
+    pub fn mark(&mut self, ip: Ipv4Addr) {
+        if let Some(off) = self.cidr.offset(ip) {
+            if !self.is_set(off) {
+                self.set(off);
+            }
+        }
+    }
+
     /// Whether `ip` could be allocated now.
     pub fn check(&self, ip: Ipv4Addr) -> Result<(), IpError> {
         let off = self.cidr.offset(ip).ok_or(IpError::OutOfRange(self.cidr))?;
@@ -147,8 +170,7 @@ impl IpAllocator {
 
     pub fn release(&mut self, ip: Ipv4Addr) {
         if let Some(off) = self.cidr.offset(ip) {
-            let size = self.cidr.size() as usize;
-            if [0, 1, size - 1].contains(&off) || !self.is_set(off) {
+            if self.reserved(off) || !self.is_set(off) {
                 return;
             }
             self.used[off / 64] &= !(1 << (off % 64));

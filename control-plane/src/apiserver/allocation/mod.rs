@@ -1,39 +1,87 @@
-//! ClusterIP and NodePort allocation for Services (derived from the stored Services on start,
-//! taken before a write, given back if it fails, released on delete); the health check node
-//! port of a LoadBalancer Service with externalTrafficPolicy Local comes from the same range. Part of persisting a
-//! Service, as in Kubernetes' service storage, not an admission plugin: admission
-//! (`apiserver/admission/`) runs before it.
+//! ClusterIP and NodePort allocation for Services (taken before a write, given back if it
+//! fails, released on delete); the health check node port of a LoadBalancer Service with
+//! externalTrafficPolicy Local comes from the same range. Part of persisting a Service, as in
+//! Kubernetes' service storage, not an admission plugin: admission (`apiserver/admission/`)
+//! runs before it.
+//!
+//! The store decides who holds what (`claims`: one key per address and per port, created
+//! with a must-not-exist precondition), so several API servers on one store never hand out
+//! the same address. Each server keeps a bitmap of the ranges as a cache to pick candidates
+//! from; a candidate another server holds is refused by the store and the next one is tried.
+//! The repair pass (at start and periodically, as kube-apiserver's repair loops) creates the
+//! claims of Services that have none (stored before claims existed), frees claims no
+//! Service holds (a crash between the claim and the Service write) once two passes agree,
+//! and reloads the bitmaps from the store.
 
+pub mod claims;
 pub mod cluster_ip;
 pub mod node_port;
 
+use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::ops::RangeInclusive;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
-use self::cluster_ip::{Cidr, IpAllocator};
-use self::node_port::PortAllocator;
+use self::claims::{ClaimError, Claimed, Claims, Parent};
+use self::cluster_ip::{Cidr, IpAllocator, IpError};
+use self::node_port::{PortAllocator, PortError};
 use super::registry::Resource;
 use crate::machinery::{ApiError, FieldError};
+use crate::store::{Revision, Store, StoreError};
+
+/// How many candidates a write tries before giving up (each one refused by the store was
+/// taken by another API server since this one's bitmap was loaded).
+const ATTEMPTS: usize = 32;
 
 /// Addresses and ports taken or freed by one write, settled once the write is (or is not)
 /// committed.
 #[derive(Debug, Default)]
 #[must_use]
 pub struct Allocation {
-    taken_ips: Vec<Ipv4Addr>,
-    taken_ports: Vec<u16>,
-    freed_ips: Vec<Ipv4Addr>,
-    freed_ports: Vec<u16>,
+    parent: Option<Parent>,
+    /// Claims this write made, with their revisions.
+    taken: Vec<(Claimed, Revision)>,
+    /// What the write gives up once committed.
+    freed: Vec<Claimed>,
 }
 
 pub struct Allocator {
     ips: Mutex<IpAllocator>,
     ports: Mutex<PortAllocator>,
+    claims: Claims,
+    /// Claims no Service held at the last repair pass, with their revisions: freed at the
+    /// next pass if still so (a Service may be written just after its claim).
+    suspects: Mutex<HashMap<Claimed, Revision>>,
 }
 
+/// What one repair pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Repaired {
+    /// Claims written for Services that held an address or port without one.
+    pub created: usize,
+    /// Claims no Service held at two passes in a row, removed.
+    pub freed: usize,
+    /// Claims held by no Service, to be freed at the next pass if still so.
+    pub suspects: usize,
+}
+
+/// Which range a candidate is picked from.
+#[derive(Clone, Copy, Debug)]
+enum Pool {
+    Ips,
+    Ports,
+}
+
+fn store_failed(what: Claimed, e: StoreError) -> ApiError {
+    match e {
+        StoreError::Unavailable(_) | StoreError::Closed => {
+            ApiError::unavailable(format!("allocating {what}: {e}"))
+        }
+        e => ApiError::internal(format!("allocating {what}: {e}")),
+    }
+}
 fn is_service(r: &Resource) -> bool {
     r.group.is_empty() && r.kind == "Service"
 }
@@ -100,10 +148,16 @@ fn wants_node_ports(svc: &Value) -> bool {
 }
 
 impl Allocator {
-    pub fn new(service_cidr: Cidr, node_ports: RangeInclusive<u16>) -> Allocator {
+    pub fn new(
+        store: Arc<dyn Store>,
+        service_cidr: Cidr,
+        node_ports: RangeInclusive<u16>,
+    ) -> Allocator {
         Allocator {
             ips: Mutex::new(IpAllocator::new(service_cidr)),
             ports: Mutex::new(PortAllocator::new(node_ports)),
+            claims: Claims::new(store),
+            suspects: Mutex::new(HashMap::new()),
         }
     }
 
@@ -115,70 +169,151 @@ impl Allocator {
         self.ports.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Marks what the stored Services hold as taken (on start).
-    pub fn restore(&self, services: impl Iterator<Item = Value>) {
-        let mut n = 0;
-        for svc in services {
-            for ip in service_ips(&svc) {
-                let _ = self.ips().allocate(ip);
-            }
-            for p in node_ports(&svc) {
-                let _ = self.ports().allocate(p);
-            }
-            n += 1;
+    fn mark(&self, c: Claimed) {
+        match c {
+            Claimed::Ip(ip) => self.ips().mark(ip),
+            Claimed::Port(p) => self.ports().mark(p),
         }
-        tracing::info!(
-            services = n,
-            cluster_ips = self.ips().allocated(),
-            "allocations restored"
-        );
+    }
+
+    fn unmark(&self, c: Claimed) {
+        match c {
+            Claimed::Ip(ip) => self.ips().release(ip),
+            Claimed::Port(p) => self.ports().release(p),
+        }
+    }
+
+    /// Claims a free address or port of `pool` in the store. `what` names it in errors.
+    async fn take_next(
+        &self,
+        pool: Pool,
+        what: &str,
+        a: &mut Allocation,
+    ) -> Result<Claimed, ApiError> {
+        let parent = a.parent.clone().unwrap_or_default();
+        for _ in 0..ATTEMPTS {
+            let next = match pool {
+                Pool::Ips => self
+                    .ips()
+                    .allocate_next()
+                    .map(Claimed::Ip)
+                    .map_err(|e| e.to_string()),
+                Pool::Ports => self
+                    .ports()
+                    .allocate_next()
+                    .map(Claimed::Port)
+                    .map_err(|e| e.to_string()),
+            };
+            let c =
+                next.map_err(|e| ApiError::internal(format!("failed to allocate a {what}: {e}")))?;
+            match self.claims.take(c, &parent).await {
+                Ok(rev) => {
+                    a.taken.push((c, rev));
+                    return Ok(c);
+                }
+                // Held by another API server: it stays marked here.
+                Err(ClaimError::Taken) => continue,
+                Err(ClaimError::Store(e)) => {
+                    self.unmark(c);
+                    return Err(store_failed(c, e));
+                }
+            }
+        }
+        Err(ApiError::internal(format!(
+            "failed to allocate a {what}: {ATTEMPTS} candidates in a row were held by other API servers"
+        )))
+    }
+
+    /// Claims exactly `c` (a requested address or port). The inner error says why it cannot
+    /// be had (for a field error); the outer one is the store failing.
+    async fn take_exact(
+        &self,
+        c: Claimed,
+        dry_run: bool,
+        a: &mut Allocation,
+    ) -> Result<Result<(), String>, ApiError> {
+        let (in_range, allocated) = match c {
+            Claimed::Ip(ip) => (
+                self.ips().check_range(ip).map_err(|e| e.to_string()),
+                IpError::Allocated.to_string(),
+            ),
+            Claimed::Port(p) => (
+                self.ports().check_range(p).map_err(|e| e.to_string()),
+                PortError::Allocated.to_string(),
+            ),
+        };
+        if let Err(why) = in_range {
+            return Ok(Err(why));
+        }
+        if dry_run {
+            let free = self
+                .claims
+                .is_free(c)
+                .await
+                .map_err(|e| store_failed(c, e))?;
+            return Ok(if free { Ok(()) } else { Err(allocated) });
+        }
+        let parent = a.parent.clone().unwrap_or_default();
+        match self.claims.take(c, &parent).await {
+            Ok(rev) => {
+                self.mark(c);
+                a.taken.push((c, rev));
+                Ok(Ok(()))
+            }
+            Err(ClaimError::Taken) => {
+                self.mark(c);
+                Ok(Err(allocated))
+            }
+            Err(ClaimError::Store(e)) => Err(store_failed(c, e)),
+        }
     }
 
     /// Fills in a new Service's ClusterIP and NodePorts. With `dry_run` nothing is taken.
-    pub fn allocate_create(
+    pub async fn allocate_create(
         &self,
         r: &Resource,
         obj: &mut Value,
         dry_run: bool,
     ) -> Result<Allocation, ApiError> {
-        let mut a = Allocation::default();
-        if !is_service(r) {
-            return Ok(a);
-        }
-        let result = self
-            .assign_ip(obj, None, dry_run, &mut a)
-            .and_then(|_| self.assign_ports(obj, None, dry_run, &mut a));
-        if let Err(e) = result {
-            self.rollback(a);
-            return Err(e);
-        }
-        Ok(a)
+        self.allocate(r, obj, None, dry_run).await
     }
 
     /// Keeps an updated Service's allocations (a client may omit them), allocating what a
     /// type change newly needs and freeing what it no longer does.
-    pub fn allocate_update(
+    pub async fn allocate_update(
         &self,
         r: &Resource,
         new: &mut Value,
         old: &Value,
         dry_run: bool,
     ) -> Result<Allocation, ApiError> {
+        self.allocate(r, new, Some(old), dry_run).await
+    }
+
+    async fn allocate(
+        &self,
+        r: &Resource,
+        obj: &mut Value,
+        old: Option<&Value>,
+        dry_run: bool,
+    ) -> Result<Allocation, ApiError> {
         let mut a = Allocation::default();
         if !is_service(r) {
             return Ok(a);
         }
-        let result = self
-            .assign_ip(new, Some(old), dry_run, &mut a)
-            .and_then(|_| self.assign_ports(new, Some(old), dry_run, &mut a));
+        a.parent = Some(Parent::of(obj));
+        let mut result = self.assign_ip(obj, old, dry_run, &mut a).await;
+        if result.is_ok() {
+            result = self.assign_ports(obj, old, dry_run, &mut a).await;
+        }
         if let Err(e) = result {
-            self.rollback(a);
+            self.rollback(a).await;
             return Err(e);
         }
         Ok(a)
     }
 
-    fn assign_ip(
+    async fn assign_ip(
         &self,
         svc: &mut Value,
         old: Option<&Value>,
@@ -205,7 +340,7 @@ impl Allocator {
             self.check_families(svc, &name)?;
         }
         if external_name || requested == "None" {
-            a.freed_ips.extend(old_ips);
+            a.freed.extend(old_ips.into_iter().map(Claimed::Ip));
             return Ok(());
         }
         if requested.is_empty() {
@@ -213,20 +348,17 @@ impl Allocator {
                 set_ip(svc, &ip.to_string());
                 return Ok(());
             }
-            let next = if dry_run {
-                // What a real write would get, kept by nobody (Kubernetes' dry-run allocator).
-                self.ips().next_free()
-            } else {
-                self.ips().allocate_next()
-            };
-            let ip = next
-                .map_err(|e| ApiError::internal(format!("failed to allocate a serviceIP: {e}")))?;
             if dry_run {
+                // What a real write would get, kept by nobody (Kubernetes' dry-run allocator).
+                let ip = self.ips().next_free().map_err(|e| {
+                    ApiError::internal(format!("failed to allocate a serviceIP: {e}"))
+                })?;
                 set_ip(svc, &ip.to_string());
                 return Ok(());
             }
-            a.taken_ips.push(ip);
-            set_ip(svc, &ip.to_string());
+            if let Claimed::Ip(ip) = self.take_next(Pool::Ips, "serviceIP", a).await? {
+                set_ip(svc, &ip.to_string());
+            }
             return Ok(());
         }
         let ip: Ipv4Addr = requested
@@ -237,16 +369,10 @@ impl Allocator {
             return Ok(());
         }
         // A changed address is refused by validation (immutable); here only availability.
-        let r = if dry_run {
-            self.ips().check(ip)
-        } else {
-            self.ips().allocate(ip)
-        };
-        r.map_err(|e| invalid(e.to_string(), &requested))?;
-        if !dry_run {
-            a.taken_ips.push(ip);
-        }
-        a.freed_ips.extend(old_ips);
+        self.take_exact(Claimed::Ip(ip), dry_run, a)
+            .await?
+            .map_err(|why| invalid(why, &requested))?;
+        a.freed.extend(old_ips.into_iter().map(Claimed::Ip));
         set_ip(svc, &requested);
         Ok(())
     }
@@ -281,7 +407,7 @@ impl Allocator {
         }
     }
 
-    fn assign_ports(
+    async fn assign_ports(
         &self,
         svc: &mut Value,
         old: Option<&Value>,
@@ -290,7 +416,7 @@ impl Allocator {
     ) -> Result<(), ApiError> {
         let old_ports = old.map(node_ports).unwrap_or_default();
         if !wants_node_ports(svc) {
-            a.freed_ports.extend(old_ports);
+            a.freed.extend(old_ports.into_iter().map(Claimed::Port));
             return Ok(());
         }
         let name = super::meta::name(svc).unwrap_or_default().to_string();
@@ -325,11 +451,9 @@ impl Allocator {
                     p["nodePort"] = json!(np);
                     continue;
                 }
-                let np = self.ports().allocate_next().map_err(|e| {
-                    ApiError::internal(format!("failed to allocate a nodePort: {e}"))
-                })?;
-                a.taken_ports.push(np);
-                p["nodePort"] = json!(np);
+                if let Claimed::Port(np) = self.take_next(Pool::Ports, "nodePort", a).await? {
+                    p["nodePort"] = json!(np);
+                }
                 continue;
             }
             let port = u16::try_from(requested).unwrap_or(0);
@@ -337,32 +461,33 @@ impl Allocator {
                 kept.push(port);
                 continue;
             }
-            let r = if dry_run {
-                self.ports().check(port)
-            } else {
-                self.ports().allocate(port)
-            };
-            r.map_err(|e| {
-                ApiError::invalid(
-                    "",
-                    "Service",
-                    &name,
-                    vec![FieldError::invalid(
-                        format!("spec.ports[{i}].nodePort"),
-                        requested,
-                        &e.to_string(),
-                    )],
-                )
-            })?;
-            if !dry_run {
-                a.taken_ports.push(port);
-            }
+            self.take_exact(Claimed::Port(port), dry_run, a)
+                .await?
+                .map_err(|why| {
+                    ApiError::invalid(
+                        "",
+                        "Service",
+                        &name,
+                        vec![FieldError::invalid(
+                            format!("spec.ports[{i}].nodePort"),
+                            requested,
+                            &why,
+                        )],
+                    )
+                })?;
         }
-        if let Some(port) = self.assign_health_check(svc, old, dry_run, a, &dry_ports, &name)? {
+        if let Some(port) = self
+            .assign_health_check(svc, old, dry_run, a, &dry_ports, &name)
+            .await?
+        {
             kept.push(port);
         }
-        a.freed_ports
-            .extend(old_ports.into_iter().filter(|p| !kept.contains(p)));
+        a.freed.extend(
+            old_ports
+                .into_iter()
+                .filter(|p| !kept.contains(p))
+                .map(Claimed::Port),
+        );
         if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
             spec.insert("ports".into(), Value::Array(list));
         }
@@ -372,7 +497,7 @@ impl Allocator {
     /// spec.healthCheckNodePort for a LoadBalancer with externalTrafficPolicy Local: the
     /// requested port, the one it had, or the next free one. Returns the old port if it is
     /// kept (so it is not freed).
-    fn assign_health_check(
+    async fn assign_health_check(
         &self,
         svc: &mut Value,
         old: Option<&Value>,
@@ -398,77 +523,160 @@ impl Allocator {
                 set(svc, p);
                 return Ok(Some(p));
             }
-            let next = if dry_run {
-                self.ports().next_free(dry_ports)
-            } else {
-                self.ports().allocate_next()
-            };
-            let port = next.map_err(|e| {
-                ApiError::internal(format!("failed to allocate a healthCheckNodePort: {e}"))
-            })?;
-            if !dry_run {
-                a.taken_ports.push(port);
+            if dry_run {
+                let port = self.ports().next_free(dry_ports).map_err(|e| {
+                    ApiError::internal(format!("failed to allocate a healthCheckNodePort: {e}"))
+                })?;
+                set(svc, port);
+                return Ok(None);
             }
-            set(svc, port);
+            if let Claimed::Port(port) = self
+                .take_next(Pool::Ports, "healthCheckNodePort", a)
+                .await?
+            {
+                set(svc, port);
+            }
             return Ok(None);
         };
         let port = u16::try_from(requested).unwrap_or(0);
         if had == Some(port) {
             return Ok(Some(port));
         }
-        let r = if dry_run {
-            self.ports().check(port)
-        } else {
-            self.ports().allocate(port)
-        };
-        r.map_err(|e| {
-            ApiError::invalid(
-                "",
-                "Service",
-                name,
-                vec![FieldError::invalid(
-                    "spec.healthCheckNodePort",
-                    requested,
-                    &e.to_string(),
-                )],
-            )
-        })?;
-        if !dry_run {
-            a.taken_ports.push(port);
-        }
+        self.take_exact(Claimed::Port(port), dry_run, a)
+            .await?
+            .map_err(|why| {
+                ApiError::invalid(
+                    "",
+                    "Service",
+                    name,
+                    vec![FieldError::invalid(
+                        "spec.healthCheckNodePort",
+                        requested,
+                        &why,
+                    )],
+                )
+            })?;
         Ok(None)
     }
 
-    /// The write was committed: free what it gave up.
-    pub fn commit(&self, a: Allocation) {
-        for ip in a.freed_ips {
-            self.ips().release(ip);
-        }
-        for p in a.freed_ports {
-            self.ports().release(p);
+    /// The write was committed: free what it gave up. A claim that cannot be removed now is
+    /// left to the repair pass (the write stands either way).
+    pub async fn commit(&self, a: Allocation) {
+        let parent = a.parent.unwrap_or_default();
+        for c in a.freed {
+            self.unmark(c);
+            if let Err(e) = self.claims.release(c, &parent).await {
+                tracing::warn!(%c, service = %parent, error = %e, "a freed claim stays until the repair pass");
+            }
         }
     }
 
     /// The write failed: give back what it took.
-    pub fn rollback(&self, a: Allocation) {
-        for ip in a.taken_ips {
-            self.ips().release(ip);
-        }
-        for p in a.taken_ports {
-            self.ports().release(p);
+    pub async fn rollback(&self, a: Allocation) {
+        for (c, rev) in a.taken {
+            self.unmark(c);
+            if let Err(e) = self.claims.remove_at(c, rev).await {
+                tracing::warn!(%c, error = %e, "a claim of a failed write stays until the repair pass");
+            }
         }
     }
 
     /// An object was removed from the store.
-    pub fn deleted(&self, r: &Resource, obj: &Value) {
+    pub async fn deleted(&self, r: &Resource, obj: &Value) {
         if is_service(r) {
             self.commit(Allocation {
-                freed_ips: service_ips(obj),
-                freed_ports: node_ports(obj),
+                parent: Some(Parent::of(obj)),
+                freed: held_by(obj),
                 ..Default::default()
-            });
+            })
+            .await;
         }
     }
+
+    /// One repair pass: the claims are listed, then `services` reads every stored Service
+    /// (after, so a claim listed without its Service is at worst a suspect). Claims are
+    /// created for what Services hold without one, claims no Service holds are freed if the
+    /// previous pass found them so too (same revision), and the bitmaps are reloaded from the
+    /// store's claims.
+    pub async fn repair<F, Fut>(&self, services: F) -> Result<Repaired, StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Value>, StoreError>>,
+    {
+        let claims = self.claims.list().await?;
+        let mut holders: HashMap<Claimed, Parent> = HashMap::new();
+        for svc in services().await? {
+            let parent = Parent::of(&svc);
+            for c in held_by(&svc) {
+                if let Some(other) = holders.insert(c, parent.clone()) {
+                    tracing::error!(%c, first = %other, second = %parent, "two Services hold the same allocation");
+                }
+            }
+        }
+        let mut report = Repaired::default();
+        let claimed: HashSet<Claimed> = claims.iter().map(|c| c.what).collect();
+        let mut held: Vec<Claimed> = claims.iter().map(|c| c.what).collect();
+        for (c, parent) in &holders {
+            if claimed.contains(c) || !self.in_range(*c) {
+                continue;
+            }
+            match self.claims.take(*c, parent).await {
+                Ok(_) => {
+                    report.created += 1;
+                    held.push(*c);
+                }
+                // Claimed since the list was read (a Service written meanwhile).
+                Err(ClaimError::Taken) => held.push(*c),
+                Err(ClaimError::Store(e)) => return Err(e),
+            }
+        }
+        let previous =
+            std::mem::take(&mut *self.suspects.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut suspects = HashMap::new();
+        let mut freed = HashSet::new();
+        for claim in &claims {
+            let holder = holders.get(&claim.what);
+            if holder.is_some() && holder == claim.parent.as_ref() {
+                continue;
+            }
+            if previous.get(&claim.what) == Some(&claim.revision) {
+                self.claims.remove_at(claim.what, claim.revision).await?;
+                tracing::info!(c = %claim.what, parent = ?claim.parent, "freed a claim no Service holds");
+                freed.insert(claim.what);
+            } else {
+                suspects.insert(claim.what, claim.revision);
+            }
+        }
+        report.freed = freed.len();
+        report.suspects = suspects.len();
+        *self.suspects.lock().unwrap_or_else(|p| p.into_inner()) = suspects;
+        let (cidr, range) = (self.ips().cidr(), self.ports().range());
+        let mut ips = IpAllocator::new(cidr);
+        let mut ports = PortAllocator::new(range);
+        for c in held.into_iter().filter(|c| !freed.contains(c)) {
+            match c {
+                Claimed::Ip(ip) => ips.mark(ip),
+                Claimed::Port(p) => ports.mark(p),
+            }
+        }
+        *self.ips() = ips;
+        *self.ports() = ports;
+        Ok(report)
+    }
+
+    fn in_range(&self, c: Claimed) -> bool {
+        match c {
+            Claimed::Ip(ip) => self.ips().cidr().contains(ip),
+            Claimed::Port(p) => self.ports().check_range(p).is_ok(),
+        }
+    }
+}
+
+/// The addresses and ports a Service holds.
+fn held_by(svc: &Value) -> Vec<Claimed> {
+    let ips = service_ips(svc).into_iter().map(Claimed::Ip);
+    ips.chain(node_ports(svc).into_iter().map(Claimed::Port))
+        .collect()
 }
 
 fn set_ip(svc: &mut Value, ip: &str) {
@@ -482,9 +690,40 @@ fn set_ip(svc: &mut Value, ip: &str) {
 mod tests {
     use super::*;
     use crate::apiserver::registry::find;
+    use crate::store::redb::{RedbOptions, RedbStore};
 
-    fn allocator() -> Allocator {
-        Allocator::new("10.96.0.0/29".parse().unwrap(), 30000..=30001)
+    /// An allocator over a real embedded store in a temporary directory (kept with it).
+    struct Fixture {
+        a: Allocator,
+        store: RedbStore,
+        _dir: tempfile::TempDir,
+    }
+
+    impl std::ops::Deref for Fixture {
+        type Target = Allocator;
+        fn deref(&self) -> &Allocator {
+            &self.a
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            self.store.close();
+        }
+    }
+
+    fn allocator_with(cidr: &str, ports: RangeInclusive<u16>) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path(), RedbOptions::default()).unwrap();
+        Fixture {
+            a: Allocator::new(Arc::new(store.clone()), cidr.parse().unwrap(), ports),
+            store,
+            _dir: dir,
+        }
+    }
+
+    fn allocator() -> Fixture {
+        allocator_with("10.96.0.0/29", 30000..=30001)
     }
 
     fn svc(ty: &str, ip: &str, node_port: u64) -> Value {
@@ -492,22 +731,22 @@ mod tests {
             "ports":[{"port":80,"protocol":"TCP","nodePort":node_port}]}})
     }
 
-    #[test]
-    fn a_local_load_balancer_gets_a_health_check_node_port_and_gives_it_back() {
-        let a = Allocator::new("10.96.0.0/24".parse().unwrap(), 30000..=30002);
+    #[tokio::test]
+    async fn a_local_load_balancer_gets_a_health_check_node_port_and_gives_it_back() {
+        let a = allocator_with("10.96.0.0/24", 30000..=30002);
         let mut s = json!({"metadata":{"name":"lb"},"spec":{"type":"LoadBalancer",
             "externalTrafficPolicy":"Local","ports":[{"port":80,"protocol":"TCP"}]}});
         let r = find("", "v1", "services").unwrap();
-        let t = a.allocate_create(r, &mut s, false).unwrap();
-        a.commit(t);
+        let t = a.allocate_create(r, &mut s, false).await.unwrap();
+        a.commit(t).await;
         let np = s["spec"]["ports"][0]["nodePort"].as_u64().unwrap();
         let hc = s["spec"]["healthCheckNodePort"].as_u64().unwrap();
         assert_ne!(np, hc);
         // Kept across an update that omits it; the last port is then the only one left.
         let mut upd = json!({"metadata":{"name":"lb"},"spec":{"type":"LoadBalancer",
             "externalTrafficPolicy":"Local","ports":[{"port":80,"protocol":"TCP"}]}});
-        let t = a.allocate_update(r, &mut upd, &s, false).unwrap();
-        a.commit(t);
+        let t = a.allocate_update(r, &mut upd, &s, false).await.unwrap();
+        a.commit(t).await;
         assert_eq!(upd["spec"]["healthCheckNodePort"], hc);
         // Back to the Cluster policy: the port is freed (and can be taken again).
         let mut cluster = upd.clone();
@@ -516,66 +755,75 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("healthCheckNodePort");
-        let t = a.allocate_update(r, &mut cluster, &upd, false).unwrap();
-        a.commit(t);
+        let t = a
+            .allocate_update(r, &mut cluster, &upd, false)
+            .await
+            .unwrap();
+        a.commit(t).await;
         assert!(a.ports().allocate(hc as u16).is_ok());
     }
 
-    #[test]
-    fn service_gets_ip_and_node_port_and_gives_them_back() {
+    #[tokio::test]
+    async fn service_gets_ip_and_node_port_and_gives_them_back() {
         let a = allocator();
         let r = find("", "v1", "services").unwrap();
         let mut s = svc("NodePort", "", 0);
-        let alloc = a.allocate_create(r, &mut s, false).unwrap();
-        a.commit(alloc);
+        let alloc = a.allocate_create(r, &mut s, false).await.unwrap();
+        a.commit(alloc).await;
         let ip = s["spec"]["clusterIP"].as_str().unwrap().to_string();
         assert!(ip.starts_with("10.96.0."));
         assert_eq!(s["spec"]["clusterIPs"][0], ip.as_str());
         let np = s["spec"]["ports"][0]["nodePort"].as_u64().unwrap();
         // the same IP or port again is refused
         let mut again = svc("NodePort", &ip, np);
-        let e = a.allocate_create(r, &mut again, false).unwrap_err();
+        let e = a.allocate_create(r, &mut again, false).await.unwrap_err();
         assert_eq!(e.code, 422);
         assert!(e.message.contains("already allocated"), "{}", e.message);
         // an update that omits them keeps them
         let mut upd = svc("NodePort", "", 0);
-        a.commit(a.allocate_update(r, &mut upd, &s, false).unwrap());
+        a.commit(a.allocate_update(r, &mut upd, &s, false).await.unwrap())
+            .await;
         assert_eq!(upd["spec"]["clusterIP"], ip.as_str());
         assert_eq!(upd["spec"]["ports"][0]["nodePort"], np);
-        a.deleted(r, &upd);
+        a.deleted(r, &upd).await;
         let mut again = svc("NodePort", &ip, np);
-        a.commit(a.allocate_create(r, &mut again, false).unwrap());
+        a.commit(a.allocate_create(r, &mut again, false).await.unwrap())
+            .await;
     }
 
-    #[test]
-    fn failed_writes_roll_back_and_dry_runs_take_nothing() {
+    #[tokio::test]
+    async fn failed_writes_roll_back_and_dry_runs_take_nothing() {
         let a = allocator();
         let r = find("", "v1", "services").unwrap();
         let mut s = svc("ClusterIP", "10.96.0.2", 0);
-        a.commit(a.allocate_create(r, &mut s, true).unwrap());
+        a.commit(a.allocate_create(r, &mut s, true).await.unwrap())
+            .await;
         let mut s = svc("ClusterIP", "10.96.0.2", 0);
-        let alloc = a.allocate_create(r, &mut s, false).unwrap();
-        a.rollback(alloc);
+        let alloc = a.allocate_create(r, &mut s, false).await.unwrap();
+        a.rollback(alloc).await;
         let mut s = svc("ClusterIP", "10.96.0.2", 0);
-        a.commit(a.allocate_create(r, &mut s, false).unwrap());
+        a.commit(a.allocate_create(r, &mut s, false).await.unwrap())
+            .await;
         let mut out = svc("ClusterIP", "10.97.0.2", 0);
-        let e = a.allocate_create(r, &mut out, false).unwrap_err();
+        let e = a.allocate_create(r, &mut out, false).await.unwrap_err();
         assert!(e.message.contains("valid range"), "{}", e.message);
         let mut headless = svc("ClusterIP", "None", 0);
-        a.commit(a.allocate_create(r, &mut headless, false).unwrap());
+        a.commit(a.allocate_create(r, &mut headless, false).await.unwrap())
+            .await;
         assert_eq!(headless["spec"]["clusterIP"], "None");
     }
 
-    #[test]
-    fn dry_runs_show_allocations_without_keeping_them() {
-        let a = Allocator::new("10.96.0.0/29".parse().unwrap(), 30000..=30003);
+    #[tokio::test]
+    async fn dry_runs_show_allocations_without_keeping_them() {
+        let a = allocator_with("10.96.0.0/29", 30000..=30003);
         let r = find("", "v1", "services").unwrap();
         let mut s = svc("NodePort", "", 0);
         s["spec"]["ports"]
             .as_array_mut()
             .unwrap()
             .push(json!({"port": 81, "protocol": "TCP"}));
-        a.commit(a.allocate_create(r, &mut s, true).unwrap());
+        a.commit(a.allocate_create(r, &mut s, true).await.unwrap())
+            .await;
         let ip = s["spec"]["clusterIP"].as_str().unwrap();
         assert!(ip.starts_with("10.96.0."), "{s}");
         let (p0, p1) = (
@@ -595,17 +843,18 @@ mod tests {
                 .as_array_mut()
                 .unwrap()
                 .push(json!({"port": 81, "protocol": "TCP"}));
-            a.commit(a.allocate_create(r, &mut s, false).unwrap());
+            a.commit(a.allocate_create(r, &mut s, false).await.unwrap())
+                .await;
         }
     }
 
-    #[test]
-    fn ip_families_must_be_configured() {
+    #[tokio::test]
+    async fn ip_families_must_be_configured() {
         let a = allocator();
         let r = find("", "v1", "services").unwrap();
         let mut s = svc("ClusterIP", "", 0);
         s["spec"]["ipFamilies"] = json!(["IPv6"]);
-        let e = a.allocate_create(r, &mut s, false).unwrap_err();
+        let e = a.allocate_create(r, &mut s, false).await.unwrap_err();
         assert_eq!(e.code, 422);
         assert_eq!(
             e.message,
@@ -613,7 +862,7 @@ mod tests {
         );
         let mut s = svc("ClusterIP", "", 0);
         s["spec"]["ipFamilyPolicy"] = json!("RequireDualStack");
-        let e = a.allocate_create(r, &mut s, false).unwrap_err();
+        let e = a.allocate_create(r, &mut s, false).await.unwrap_err();
         assert!(
             e.message
                 .contains("this cluster is not configured for dual-stack services"),
@@ -623,6 +872,91 @@ mod tests {
         let mut s = svc("ClusterIP", "", 0);
         s["spec"]["ipFamilies"] = json!(["IPv4"]);
         s["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
-        a.commit(a.allocate_create(r, &mut s, false).unwrap());
+        a.commit(a.allocate_create(r, &mut s, false).await.unwrap())
+            .await;
+    }
+
+    fn named(ns: &str, name: &str, mut s: Value) -> Value {
+        s["metadata"] = json!({"namespace": ns, "name": name});
+        s
+    }
+
+    #[tokio::test]
+    async fn two_allocators_on_one_store_never_hand_out_the_same_address() {
+        let one = allocator();
+        // A second API server on the same store, its bitmap knowing nothing of the first's.
+        let two = Allocator::new(
+            Arc::new(one.store.clone()),
+            "10.96.0.0/29".parse().unwrap(),
+            30000..=30001,
+        );
+        let r = find("", "v1", "services").unwrap();
+        let mut got = Vec::new();
+        // /29: 8 addresses, the network, first and broadcast ones reserved: 5 to hand out.
+        for i in 0..5 {
+            let a: &Allocator = if i % 2 == 0 { &one } else { &two };
+            let mut s = named("d", &format!("s{i}"), svc("ClusterIP", "", 0));
+            a.commit(a.allocate_create(r, &mut s, false).await.unwrap())
+                .await;
+            got.push(s["spec"]["clusterIP"].as_str().unwrap().to_string());
+        }
+        let mut unique = got.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), 5, "{got:?}");
+        for a in [&one.a, &two] {
+            let mut s = named("d", "late", svc("ClusterIP", "", 0));
+            let e = a.allocate_create(r, &mut s, false).await.unwrap_err();
+            assert_eq!(e.code, 500, "{}", e.message);
+        }
+        // A requested address another server holds is refused by the store's word.
+        let mut s = named("d", "dup", svc("ClusterIP", &got[0], 0));
+        let e = two.allocate_create(r, &mut s, false).await.unwrap_err();
+        assert!(e.message.contains("already allocated"), "{}", e.message);
+        // Freed by one server, it can be had through the other.
+        one.deleted(r, &named("d", "s0", svc("ClusterIP", &got[0], 0)))
+            .await;
+        let mut s = named("d", "again", svc("ClusterIP", &got[0], 0));
+        two.commit(two.allocate_create(r, &mut s, false).await.unwrap())
+            .await;
+    }
+
+    #[tokio::test]
+    async fn repair_writes_missing_claims_and_frees_leaks_after_two_passes() {
+        let a = allocator();
+        let r = find("", "v1", "services").unwrap();
+        // A Service stored before claims existed holds an address and a port.
+        let old = named("d", "old", svc("NodePort", "10.96.0.3", 30001));
+        // A crash after claiming for "gone", before writing it: a leak.
+        let mut gone = named("d", "gone", svc("ClusterIP", "", 0));
+        let leak = a.allocate_create(r, &mut gone, false).await.unwrap();
+        std::mem::forget(leak);
+        let leaked: Ipv4Addr = gone["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+        let services = || async { Ok(vec![old.clone()]) };
+        let first = a.repair(services).await.unwrap();
+        assert_eq!(
+            first,
+            Repaired {
+                created: 2,
+                freed: 0,
+                suspects: 1
+            }
+        );
+        // The old Service's address is the store's now: nobody else gets it.
+        let mut s = named("d", "other", svc("ClusterIP", "10.96.0.3", 0));
+        let e = a.allocate_create(r, &mut s, false).await.unwrap_err();
+        assert!(e.message.contains("already allocated"), "{}", e.message);
+        let second = a.repair(services).await.unwrap();
+        assert_eq!(
+            second,
+            Repaired {
+                created: 0,
+                freed: 1,
+                suspects: 0
+            }
+        );
+        let mut s = named("d", "reuse", svc("ClusterIP", &leaked.to_string(), 0));
+        a.commit(a.allocate_create(r, &mut s, false).await.unwrap())
+            .await;
     }
 }

@@ -36,6 +36,22 @@ impl PortAllocator {
         Ok((port - self.range.start()) as usize)
     }
 
+    /// Whether `port` is in the range (the store says whether it is free).
+    pub fn check_range(&self, port: u16) -> Result<(), PortError> {
+        self.slot(port).map(|_| ())
+    }
+
+    /// Notes that `port` is held (by a claim in the store).
+    pub fn mark(&mut self, port: u16) {
+        if let Ok(s) = self.slot(port) {
+            self.used[s] = true;
+        }
+    }
+
+    pub fn range(&self) -> RangeInclusive<u16> {
+        self.range.clone()
+    }
+
     pub fn check(&self, port: u16) -> Result<(), PortError> {
         if self.used[self.slot(port)?] {
             return Err(PortError::Allocated);

@@ -265,7 +265,7 @@ async fn delete_object(
         match ctx.store.write(op).await {
             Ok(w) => {
                 if !stays {
-                    ctx.allocator.deleted(r, &cur);
+                    ctx.allocator.deleted(r, &cur).await;
                 }
                 meta::set_resource_version(&mut new, w.revision);
                 ctx.metrics.wrote(r.plural, "delete");

@@ -221,9 +221,12 @@ pub async fn create_object(
     ctx.admission
         .admit(&req, &mut obj, Schema::Validate)
         .await?;
-    let alloc = ctx.allocator.allocate_create(r, &mut obj, opts.dry_run)?;
+    let alloc = ctx
+        .allocator
+        .allocate_create(r, &mut obj, opts.dry_run)
+        .await?;
     if opts.dry_run {
-        ctx.allocator.rollback(alloc);
+        ctx.allocator.rollback(alloc).await;
         return Ok(obj);
     }
     let value = conversion::stored_bytes(r, &obj)?;
@@ -237,13 +240,13 @@ pub async fn create_object(
         .await;
     match written {
         Ok(w) => {
-            ctx.allocator.commit(alloc);
+            ctx.allocator.commit(alloc).await;
             meta::set_resource_version(&mut obj, w.revision);
             ctx.metrics.wrote(r.plural, "create");
             Ok(obj)
         }
         Err(e) => {
-            ctx.allocator.rollback(alloc);
+            ctx.allocator.rollback(alloc).await;
             Err(store_error(r, &name, e))
         }
     }
@@ -398,9 +401,10 @@ pub async fn update_object(
         escalation::check(ctx, call.user, r, call.namespace(), &new, Some(&cur)).await?;
         let alloc = ctx
             .allocator
-            .allocate_update(r, &mut new, &cur, opts.dry_run)?;
+            .allocate_update(r, &mut new, &cur, opts.dry_run)
+            .await?;
         if unchanged(&new, &cur) || opts.dry_run {
-            ctx.allocator.rollback(alloc);
+            ctx.allocator.rollback(alloc).await;
             return Ok(if opts.dry_run { new } else { cur });
         }
         let finished = finishes_deletion(&cur, &new);
@@ -418,19 +422,19 @@ pub async fn update_object(
         };
         match ctx.store.write(op).await {
             Ok(w) => {
-                ctx.allocator.commit(alloc);
+                ctx.allocator.commit(alloc).await;
                 if finished {
-                    ctx.allocator.deleted(r, &new);
+                    ctx.allocator.deleted(r, &new).await;
                 }
                 meta::set_resource_version(&mut new, w.revision);
                 ctx.metrics.wrote(r.plural, "update");
                 return Ok(new);
             }
             Err(StoreError::Conflict { .. }) if expected.is_none() => {
-                ctx.allocator.rollback(alloc);
+                ctx.allocator.rollback(alloc).await;
             }
             Err(e) => {
-                ctx.allocator.rollback(alloc);
+                ctx.allocator.rollback(alloc).await;
                 return Err(store_error(r, name, e));
             }
         }
