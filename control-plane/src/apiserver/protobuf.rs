@@ -65,6 +65,25 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                 ("deleteOptions", e.delete_options.map(delete_options)),
             ])
         }
+        // `kubectl create poddisruptionbudget`.
+        ("policy/v1", "PodDisruptionBudget") => {
+            let b = policy::PodDisruptionBudget::decode(&*bytes).map_err(bad)?;
+            let spec = b.spec.map(|sp| {
+                obj(vec![
+                    ("minAvailable", int_or_string(sp.min_available)),
+                    ("maxUnavailable", int_or_string(sp.max_unavailable)),
+                    ("selector", label_selector(sp.selector)),
+                    (
+                        "unhealthyPodEvictionPolicy",
+                        s(sp.unhealthy_pod_eviction_policy),
+                    ),
+                ])
+            });
+            obj(vec![
+                ("metadata", Some(object_meta(b.metadata))),
+                ("spec", spec),
+            ])
+        }
         ("rbac.authorization.k8s.io/v1", "Role") => {
             let r = rbac::Role::decode(&*bytes).map_err(bad)?;
             obj(vec![

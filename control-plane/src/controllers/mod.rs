@@ -8,7 +8,8 @@
 //! ControllerRevisions it shares with DaemonSets), [`resourcequota`], [`serviceaccounts`] and
 //! [`rootcacertpublisher`] (each namespace's identity for pods), [`csrapproving`] and
 //! [`csrsigning`] (node client certificates through CertificateSigningRequests), [`hpa`]
-//! (HorizontalPodAutoscalers on metrics.k8s.io); [`pods`] holds what they
+//! (HorizontalPodAutoscalers on metrics.k8s.io), [`disruption_budget`] (PodDisruptionBudget
+//! status for evictions); [`pods`] holds what they
 //! ask of pods; [`manager`] runs the enabled ones under leader election with health and
 //! metrics; [`flags`] are the
 //! controller-manager's command-line flags.
@@ -24,6 +25,7 @@ pub mod daemonset;
 pub mod deployment;
 pub mod discovery;
 pub mod disruption;
+pub mod disruption_budget;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod flags;
@@ -90,10 +92,11 @@ pub enum ControllerName {
     CsrApproving,
     CsrSigning,
     HorizontalPodAutoscaler,
+    DisruptionBudget,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 23] = [
+    pub const ALL: [ControllerName; 24] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -117,6 +120,7 @@ impl ControllerName {
         ControllerName::CsrApproving,
         ControllerName::CsrSigning,
         ControllerName::HorizontalPodAutoscaler,
+        ControllerName::DisruptionBudget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -144,6 +148,7 @@ impl ControllerName {
             ControllerName::CsrApproving => "csrapproving",
             ControllerName::CsrSigning => "csrsigning",
             ControllerName::HorizontalPodAutoscaler => "horizontalpodautoscaling",
+            ControllerName::DisruptionBudget => "disruption",
         }
     }
 
@@ -173,6 +178,7 @@ impl ControllerName {
             ControllerName::CsrApproving => "certificatesigningrequest-approving-controller",
             ControllerName::CsrSigning => "certificatesigningrequest-signing-controller",
             ControllerName::HorizontalPodAutoscaler => "horizontal-pod-autoscaler-controller",
+            ControllerName::DisruptionBudget => "disruption-controller",
         }
     }
 }
@@ -467,6 +473,9 @@ pub async fn run(
     }
     if on(ControllerName::HorizontalPodAutoscaler) {
         tasks.push(Box::pin(hpa::build(&ctx).run(t())));
+    }
+    if on(ControllerName::DisruptionBudget) {
+        tasks.push(Box::pin(disruption_budget::build(&ctx).run(t())));
     }
     if on(ControllerName::Namespace) {
         tasks.push(Box::pin(namespace::build(&ctx).run(t())));

@@ -76,6 +76,8 @@ pub enum CauseType {
     FieldManagerConflict,
     /// `NamespaceTerminating` (NamespaceLifecycle refusing new content)
     NamespaceTerminating,
+    /// `DisruptionBudget` (an eviction refused by a PodDisruptionBudget)
+    DisruptionBudget,
 }
 
 impl CauseType {
@@ -93,6 +95,7 @@ impl CauseType {
             CauseType::TooMany => "FieldValueTooMany",
             CauseType::FieldManagerConflict => "FieldManagerConflict",
             CauseType::NamespaceTerminating => "NamespaceTerminating",
+            CauseType::DisruptionBudget => "DisruptionBudget",
         }
     }
 }
@@ -378,7 +381,8 @@ impl ApiError {
                     self.causes
                         .iter()
                         .map(|c| StatusCause {
-                            field: Some(c.field.clone()),
+                            // Omitted when empty, as Go's omitempty does.
+                            field: (!c.field.is_empty()).then(|| c.field.clone()),
                             message: Some(c.message.clone()),
                             reason: Some(c.kind.as_str().to_string()),
                         })

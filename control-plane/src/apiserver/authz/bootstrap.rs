@@ -257,6 +257,26 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "disruption-controller",
+            vec![
+                r(
+                    READ,
+                    &["apps", "extensions"],
+                    &["deployments", "replicasets"],
+                ),
+                r(READ, &[""], &["replicationcontrollers"]),
+                r(READ, &["policy"], &["poddisruptionbudgets"]),
+                r(READ, &["apps"], &["statefulsets"]),
+                r(&["update"], &["policy"], &["poddisruptionbudgets/status"]),
+                r(&["patch", "update"], &[""], &["pods/status"]),
+                r(&["get"], &["*"], &["*/scale"]),
+                // Kubernetes' role leaves pod reads to the shared informers (see
+                // root-ca-cert-publisher).
+                r(&["list", "watch"], &[""], &["pods"]),
+                events_rule(),
+            ],
+        ),
+        (
             "endpoint-controller",
             vec![
                 r(READ, &[""], &["pods", "services"]),

@@ -2,7 +2,7 @@
 //! grace period set; the node agent finishes with a grace-0 delete once the containers are
 //! gone); objects with finalizers stay until their finalizers are removed; the propagation
 //! policy is recorded as Kubernetes does (the `orphan` or `foregroundDeletion` finalizer) for
-//! the garbage collector. pods/eviction is a graceful delete with the Eviction's options.
+//! the garbage collector. pods/eviction (see `eviction`) ends in the same graceful delete.
 
 use std::sync::Arc;
 
@@ -23,9 +23,9 @@ use crate::store::{Precondition, StoreError, WriteOp};
 const RETRIES: usize = 16;
 
 /// metav1.DeleteOptions as the server reads it (body and query).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct DeleteOptions {
+pub(super) struct DeleteOptions {
     grace_period_seconds: Option<i64>,
     propagation_policy: Option<String>,
     orphan_dependents: Option<bool>,
@@ -34,7 +34,7 @@ struct DeleteOptions {
     dry_run: Vec<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Preconditions {
     uid: Option<String>,
@@ -65,7 +65,10 @@ impl DeleteOptions {
     }
 
     /// The options an Eviction carries (`deleteOptions`), then the query's.
-    fn from_eviction(call: &Call<'_>, eviction: &Value) -> Result<DeleteOptions, ApiError> {
+    pub(super) fn from_eviction(
+        call: &Call<'_>,
+        eviction: &Value,
+    ) -> Result<DeleteOptions, ApiError> {
         let mut o: DeleteOptions = match eviction.get("deleteOptions") {
             Some(v) if !v.is_null() => serde_json::from_value(v.clone())
                 .map_err(|e| ApiError::malformed("DeleteOptions", e))?,
@@ -73,6 +76,24 @@ impl DeleteOptions {
         };
         o.apply_query(call)?;
         Ok(o)
+    }
+
+    pub(super) fn is_dry_run(&self) -> bool {
+        !self.dry_run.is_empty()
+    }
+
+    /// The client's own resourceVersion precondition, if it set one.
+    pub(super) fn resource_version_precondition(&self) -> Option<&str> {
+        self.preconditions
+            .as_ref()
+            .and_then(|p| p.resource_version.as_deref())
+    }
+
+    /// Deletes only the object at `rv` (the eviction's guard against a pod that changed).
+    pub(super) fn set_resource_version_precondition(&mut self, rv: Option<&str>) {
+        self.preconditions
+            .get_or_insert_with(Preconditions::default)
+            .resource_version = rv.map(str::to_string);
     }
 
     fn apply_query(&mut self, call: &Call<'_>) -> Result<(), ApiError> {
@@ -122,40 +143,6 @@ pub async fn delete(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp,
     Ok(output::ok(&obj))
 }
 
-/// `POST pods/<name>/eviction` (policy/v1 Eviction, what `kubectl drain` sends): a graceful
-/// delete of the pod with the eviction's options. No PodDisruptionBudget is served, so none
-/// refuses it (429); a pod already terminating is evicted already. Answers 201 with a
-/// Success Status, as Kubernetes does.
-pub async fn evict(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
-    let format = BodyFormat::of(call.header(http::header::CONTENT_TYPE))?;
-    let eviction = negotiate::decode_object(format, &call.body)?;
-    if let Some(kind) = eviction.get("kind").and_then(Value::as_str) {
-        if kind != "Eviction" {
-            return Err(ApiError::bad_request(format!(
-                "expected an Eviction, got a {kind}"
-            )));
-        }
-    }
-    let named = eviction.pointer("/metadata/name").and_then(Value::as_str);
-    if named.is_some_and(|n| n != name) {
-        return Err(ApiError::bad_request(format!(
-            "name in URL does not match name in Eviction object: {name} != {}",
-            named.unwrap_or_default()
-        )));
-    }
-    let opts = DeleteOptions::from_eviction(call, &eviction)?;
-    delete_object(ctx, call, name, &opts).await?;
-    let status = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Success", "code": 201,
-    });
-    Ok(output::bytes(
-        http::StatusCode::CREATED,
-        output::JSON,
-        serde_json::to_vec(&status).map_err(ApiError::internal)?,
-    ))
-}
-
 pub async fn delete_collection(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, ApiError> {
     let opts = DeleteOptions::parse(call)?;
     let list = ListOptions::from_query(call.query)?;
@@ -195,7 +182,7 @@ pub async fn delete_collection(ctx: &Arc<Ctx>, call: &Call<'_>) -> Result<Resp, 
 }
 
 /// Deletes (or starts deleting) one object; returns it as it now is, or as it was last.
-async fn delete_object(
+pub(super) async fn delete_object(
     ctx: &Ctx,
     call: &Call<'_>,
     name: &str,

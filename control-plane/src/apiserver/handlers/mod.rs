@@ -5,6 +5,7 @@
 mod authentication;
 mod certificates;
 mod delete;
+mod eviction;
 pub(super) mod kubelet;
 pub(super) mod metrics_api;
 pub(super) mod proxy;
@@ -278,7 +279,9 @@ pub async fn dispatch(ctx: &Arc<Ctx>, mut call: Call<'_>) -> Result<Resp, ApiErr
             let upgrade = call.upgrade.take();
             kubelet::exec(ctx, &call, &n, upgrade).await
         }
-        (Method::POST, Some(n), Some(Subresource::Eviction)) => delete::evict(ctx, &call, &n).await,
+        (Method::POST, Some(n), Some(Subresource::Eviction)) => {
+            eviction::evict(ctx, &call, &n).await
+        }
         (Method::GET | Method::POST, Some(n), Some(Subresource::Attach)) => {
             let upgrade = call.upgrade.take();
             kubelet::attach(ctx, &call, &n, upgrade).await

@@ -19,6 +19,7 @@ pub mod hpa;
 mod limits;
 mod node;
 mod pod;
+pub mod policy;
 pub mod rbac;
 pub mod scheduling;
 mod service;
@@ -78,6 +79,13 @@ static PRIORITY_CLASS: KindRules = KindRules {
     validate: scheduling::validate,
     columns: scheduling::columns,
     row: scheduling::row,
+    field: common::meta_field,
+};
+static POD_DISRUPTION_BUDGET: KindRules = KindRules {
+    default: no_defaults,
+    validate: policy::validate,
+    columns: policy::columns,
+    row: policy::row,
     field: common::meta_field,
 };
 static NAMESPACE: KindRules = KindRules {
@@ -358,6 +366,7 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         (certificates::GROUP, "CertificateSigningRequest") => &CERTIFICATE_SIGNING_REQUEST,
         (scheduling::GROUP, "PriorityClass") => &PRIORITY_CLASS,
         (hpa::GROUP, "HorizontalPodAutoscaler") => &HPA,
+        (policy::GROUP, "PodDisruptionBudget") => &POD_DISRUPTION_BUDGET,
         _ => return None,
     })
 }
@@ -473,6 +482,9 @@ mod tests {
                 v["apiVersion"] = json!("autoscaling/v2");
                 v["spec"] = hpa::tests::minimal("web")["spec"].clone();
             }
+            (policy::GROUP, "PodDisruptionBudget") => {
+                v["spec"] = json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}})
+            }
             _ => {}
         }
         v
@@ -508,6 +520,7 @@ mod tests {
         (certificates::GROUP, "CertificateSigningRequest"),
         (scheduling::GROUP, "PriorityClass"),
         (hpa::GROUP, "HorizontalPodAutoscaler"),
+        (policy::GROUP, "PodDisruptionBudget"),
     ];
 
     #[test]

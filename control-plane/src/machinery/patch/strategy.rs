@@ -284,6 +284,7 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         ("", "Namespace" | "PersistentVolumeClaim") => &NAMESPACE,
         // Metrics are an atomic list in k8s.io/api; status conditions merge by type.
         ("autoscaling", "HorizontalPodAutoscaler") => &NAMESPACE,
+        ("policy", "PodDisruptionBudget") => &NAMESPACE,
         ("", "ServiceAccount") => &SERVICE_ACCOUNT,
         ("", "Endpoints" | "Event" | "ConfigMap" | "Secret" | "Binding")
         | ("", "LimitRange" | "ResourceQuota")

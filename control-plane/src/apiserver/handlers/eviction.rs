@@ -1,0 +1,360 @@
+//! `POST pods/<name>/eviction` (policy/v1 Eviction, what `kubectl drain` sends), as
+//! Kubernetes' EvictionREST: a pod that is pending, finished or already terminating is
+//! deleted without asking any budget; otherwise the one PodDisruptionBudget selecting the pod
+//! decides. With no disruption allowed the answer is 429 TooManyRequests (the client retries);
+//! else the budget's status is written first (disruptionsAllowed - 1, the pod in
+//! disruptedPods, with the budget's revision as precondition so two evictions never spend the
+//! same disruption) and the pod is deleted gracefully. A pod that is not Ready does not spend
+//! a disruption when the budget is healthy (or its policy is AlwaysAllow); its delete then
+//! carries the pod's resourceVersion so a pod that became Ready meanwhile is not lost.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::delete::{delete_object, DeleteOptions};
+use super::read::current;
+use super::{store_error, Call, Ctx};
+use crate::apiserver::negotiate::{self, BodyFormat};
+use crate::apiserver::output::{self, Resp};
+use crate::apiserver::{conversion, meta, registry, rules};
+use crate::machinery::kinds::policy::{self as budgets, ALWAYS_ALLOW};
+use crate::machinery::selectors::LabelSelector;
+use crate::machinery::{ApiError, CauseType, FieldError, Reason};
+use crate::store::{Precondition, Revision, StoreError, WriteOp};
+
+/// Retries of the budget's status write on a conflict (Kubernetes' EvictionsRetry steps).
+const RETRIES: usize = 20;
+
+/// More unconfirmed evictions than this and the budget refuses (Kubernetes'
+/// MaxDisruptedPodSize).
+const MAX_DISRUPTED_PODS: usize = 2000;
+
+const VIOLATES: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
+
+pub async fn evict(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
+    let format = BodyFormat::of(call.header(http::header::CONTENT_TYPE))?;
+    let eviction = negotiate::decode_object(format, &call.body)?;
+    if let Some(kind) = eviction.get("kind").and_then(Value::as_str) {
+        if kind != "Eviction" {
+            return Err(ApiError::bad_request(format!(
+                "expected an Eviction, got a {kind}"
+            )));
+        }
+    }
+    let named = eviction.pointer("/metadata/name").and_then(Value::as_str);
+    if named.is_some_and(|n| n != name) {
+        return Err(ApiError::bad_request(format!(
+            "name in URL does not match name in Eviction object: {name} != {}",
+            named.unwrap_or_default()
+        )));
+    }
+    let opts = DeleteOptions::from_eviction(call, &eviction)?;
+    let own_precondition = opts.resource_version_precondition().is_some();
+    let dry_run = opts.is_dry_run();
+
+    let (pod, _) = current(ctx, call, name).await?;
+    if ignores_budgets(&pod) {
+        // Kubernetes retries conflicts here unless the client set its own precondition.
+        let mut last = None;
+        for _ in 0..RETRIES {
+            let (pod, _) = current(ctx, call, name).await?;
+            let mut o = opts.clone();
+            if enforces_resource_version(&pod) && !own_precondition {
+                o.set_resource_version_precondition(meta::resource_version(&pod));
+            }
+            match delete_object(ctx, call, name, &o).await {
+                Err(e) if e.reason == Reason::Conflict && !own_precondition => last = Some(e),
+                Err(e) => return Err(e),
+                Ok(_) => return success(),
+            }
+        }
+        return Err(last.unwrap_or_else(|| ApiError::internal("eviction retries exhausted")));
+    }
+
+    let covering = budgets_for(ctx, &pod).await?;
+    if covering.len() > 1 {
+        return Err(ApiError::new(
+            500,
+            Reason::InternalError,
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+        ));
+    }
+    let mut opts = opts;
+    if let Some(budget) = covering.first() {
+        let budget_name = meta::name(budget).unwrap_or_default().to_string();
+        let mut spend = true;
+        if !is_ready(&pod) {
+            let policy = budget
+                .pointer("/spec/unhealthyPodEvictionPolicy")
+                .and_then(Value::as_str);
+            let current_healthy = status_count(budget, "currentHealthy");
+            let desired_healthy = status_count(budget, "desiredHealthy");
+            if policy == Some(ALWAYS_ALLOW)
+                || (current_healthy >= desired_healthy && desired_healthy > 0)
+            {
+                // Deleting an unready pod does not disrupt a healthy application: no
+                // disruption is spent, but the pod must still be unready when it goes.
+                spend = false;
+                if !own_precondition {
+                    opts.set_resource_version_precondition(meta::resource_version(&pod));
+                }
+            }
+        }
+        if spend {
+            check_and_decrement(ctx, &pod, &budget_name, name, dry_run).await?;
+        } else {
+            return match delete_object(ctx, call, name, &opts).await {
+                Err(e) if e.reason == Reason::Conflict && !own_precondition => {
+                    Err(too_many_requests_processing(&budget_name))
+                }
+                Err(e) => Err(e),
+                Ok(_) => success(),
+            };
+        }
+    }
+    delete_object(ctx, call, name, &opts).await?;
+    success()
+}
+
+/// The Success Status Kubernetes answers an eviction with (201).
+fn success() -> Result<Resp, ApiError> {
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Success", "code": 201,
+    });
+    Ok(output::bytes(
+        http::StatusCode::CREATED,
+        output::JSON,
+        serde_json::to_vec(&status).map_err(ApiError::internal)?,
+    ))
+}
+
+fn phase(pod: &Value) -> &str {
+    pod.pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("Pending")
+}
+
+/// Kubernetes' canIgnorePDB: a finished or pending pod disrupts nothing by going, and a
+/// terminating one is going already.
+fn ignores_budgets(pod: &Value) -> bool {
+    matches!(phase(pod), "Succeeded" | "Failed" | "Pending")
+        || meta::deletion_timestamp(pod).is_some()
+}
+
+/// Kubernetes' shouldEnforceResourceVersion: a pending pod could become Ready meanwhile.
+fn enforces_resource_version(pod: &Value) -> bool {
+    !matches!(phase(pod), "Succeeded" | "Failed") && meta::deletion_timestamp(pod).is_none()
+}
+
+fn is_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+fn namespace(pod: &Value) -> &str {
+    meta::str_field(pod, &["metadata", "namespace"]).unwrap_or_default()
+}
+
+fn status_count(budget: &Value, field: &str) -> i64 {
+    budget["status"][field].as_i64().unwrap_or(0)
+}
+
+fn budget_resource() -> Result<&'static registry::Resource, ApiError> {
+    registry::find(budgets::GROUP, "v1", "poddisruptionbudgets")
+        .ok_or_else(|| ApiError::internal("poddisruptionbudgets are not registered"))
+}
+
+/// The budgets in the pod's namespace whose selector matches its labels (an empty selector
+/// matches every pod, an absent one none, as in policy/v1).
+async fn budgets_for(ctx: &Ctx, pod: &Value) -> Result<Vec<Value>, ApiError> {
+    let r = budget_resource()?;
+    let ns = namespace(pod);
+    let labels: std::collections::BTreeMap<String, String> = pod
+        .pointer("/metadata/labels")
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    ctx.fresh().await?;
+    let sel = rules::selection(r, Some(ns), None, None)?;
+    let page = ctx
+        .resource_cache(r)?
+        .list(&r.namespace_prefix(Some(ns)), &sel.filter, None, None);
+    let mut out = Vec::new();
+    for o in page.items {
+        let Ok(v) = o.value() else { continue };
+        let selector = v
+            .pointer("/spec/selector")
+            .filter(|s| !s.is_null())
+            .map(|s| serde_json::from_value(s.clone()));
+        let selects = match selector {
+            None => false,
+            Some(Err(_)) => false,
+            Some(Ok(s)) => LabelSelector::from_meta(&s).is_ok_and(|s| s.matches(&labels)),
+        };
+        if selects {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// 429 with the DisruptionBudget cause.
+fn too_many_requests(cause: String, retry_after: Option<i32>) -> ApiError {
+    let mut e = ApiError::new(429, Reason::TooManyRequests, VIOLATES);
+    e.causes = vec![FieldError::new(CauseType::DisruptionBudget, "", cause)];
+    e.retry_after_seconds = retry_after;
+    e
+}
+
+/// The budget's status is behind its spec, or the pod changed under the eviction: retry.
+fn too_many_requests_processing(budget: &str) -> ApiError {
+    too_many_requests(
+        format!("The disruption budget {budget} is still being processed by the server."),
+        Some(10),
+    )
+}
+
+/// Kubernetes' checkAndDecrement, re-reading the budget after each conflict: refuses when
+/// the budget allows no disruption, else spends one and records the pod as disrupted.
+async fn check_and_decrement(
+    ctx: &Ctx,
+    pod: &Value,
+    budget_name: &str,
+    pod_name: &str,
+    dry_run: bool,
+) -> Result<(), ApiError> {
+    let r = budget_resource()?;
+    let key = r.key(Some(namespace(pod)), budget_name);
+    for _ in 0..RETRIES {
+        let Some((mut budget, rev)) = stored(ctx, r, &key, budget_name).await? else {
+            // Deleted meanwhile: nothing guards the pod any more.
+            return Ok(());
+        };
+        let observed = budget["status"]["observedGeneration"].as_i64().unwrap_or(0);
+        if observed < meta::generation(&budget) {
+            return Err(too_many_requests_processing(budget_name));
+        }
+        let allowed = status_count(&budget, "disruptionsAllowed");
+        if allowed < 0 {
+            return Err(ApiError::forbidden(format!(
+                "poddisruptionbudgets.policy \"{budget_name}\" is forbidden: pdb disruptions allowed is negative"
+            )));
+        }
+        let disrupted = budget["status"]["disruptedPods"]
+            .as_object()
+            .map_or(0, |m| m.len());
+        if disrupted > MAX_DISRUPTED_PODS {
+            return Err(ApiError::forbidden(format!(
+                "poddisruptionbudgets.policy \"{budget_name}\" is forbidden: DisruptedPods map too big - too many evictions not confirmed by PDB controller"
+            )));
+        }
+        if allowed == 0 {
+            return Err(too_many_requests(
+                format!(
+                    "The disruption budget {budget_name} needs {} healthy pods and has {} currently",
+                    status_count(&budget, "desiredHealthy"),
+                    status_count(&budget, "currentHealthy")
+                ),
+                None,
+            ));
+        }
+        if dry_run {
+            return Ok(());
+        }
+        let now = meta::now();
+        let status = &mut budget["status"];
+        status["disruptionsAllowed"] = json!(allowed - 1);
+        if allowed - 1 == 0 {
+            budgets::set_disruption_allowed(status, &now);
+        }
+        if !status["disruptedPods"].is_object() {
+            status["disruptedPods"] = json!({});
+        }
+        status["disruptedPods"][pod_name] = json!(now);
+        let op = WriteOp::Put {
+            key: key.clone(),
+            value: conversion::stored_bytes(r, &budget)?,
+            precondition: Precondition::ModRevision(rev),
+        };
+        match ctx.store.write(op).await {
+            Ok(_) => {
+                ctx.metrics.wrote(r.plural, "update");
+                return Ok(());
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(store_error(r, budget_name, e)),
+        }
+    }
+    Err(ApiError::new(
+        504,
+        Reason::Timeout,
+        format!("couldn't update PodDisruptionBudget \"{budget_name}\" due to conflicts"),
+    ))
+}
+
+/// An object as stored, with its revision (None: it does not exist).
+async fn stored(
+    ctx: &Ctx,
+    r: &'static registry::Resource,
+    key: &str,
+    name: &str,
+) -> Result<Option<(Value, Revision)>, ApiError> {
+    let Some(kv) = ctx
+        .store
+        .get(key)
+        .await
+        .map_err(|e| store_error(r, name, e))?
+    else {
+        return Ok(None);
+    };
+    let mut v = conversion::from_storage(r, super::parse_stored(&kv.value)?)?;
+    meta::set_resource_version(&mut v, kv.mod_revision);
+    Ok(Some((v, kv.mod_revision)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_pods_skip_the_budget() {
+        let running = json!({"metadata": {}, "status": {"phase": "Running"}});
+        assert!(!ignores_budgets(&running));
+        assert!(enforces_resource_version(&running));
+        for phase in ["Pending", "Succeeded", "Failed"] {
+            assert!(ignores_budgets(&json!({"status": {"phase": phase}})));
+        }
+        assert!(ignores_budgets(&json!({"status": {}})));
+        let going = json!({"metadata": {"deletionTimestamp": "2025-01-01T00:00:00Z"},
+            "status": {"phase": "Running"}});
+        assert!(ignores_budgets(&going));
+        assert!(!enforces_resource_version(&going));
+        assert!(!enforces_resource_version(
+            &json!({"status": {"phase": "Succeeded"}})
+        ));
+    }
+
+    #[test]
+    fn the_refusal_is_kubernetes_429() {
+        let s = too_many_requests(
+            "The disruption budget web needs 2 healthy pods and has 2 currently".into(),
+            None,
+        )
+        .to_status();
+        assert_eq!(s.code, Some(429));
+        assert_eq!(s.reason.as_deref(), Some("TooManyRequests"));
+        assert_eq!(s.message.as_deref(), Some(VIOLATES));
+        let cause = &s.details.unwrap().causes.unwrap()[0];
+        assert_eq!(cause.reason.as_deref(), Some("DisruptionBudget"));
+        assert_eq!(cause.field, None);
+        assert_eq!(
+            cause.message.as_deref(),
+            Some("The disruption budget web needs 2 healthy pods and has 2 currently")
+        );
+    }
+}
