@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::delete::{delete_object, DeleteOptions};
-use super::read::current;
+use super::read::{current, stored};
 use super::{store_error, Call, Ctx};
 use crate::apiserver::negotiate::{self, BodyFormat};
 use crate::apiserver::output::{self, Resp};
@@ -21,7 +21,7 @@ use crate::apiserver::{conversion, meta, registry, rules};
 use crate::machinery::kinds::policy::{self as budgets, ALWAYS_ALLOW};
 use crate::machinery::selectors::LabelSelector;
 use crate::machinery::{ApiError, CauseType, FieldError, Reason};
-use crate::store::{Precondition, Revision, StoreError, WriteOp};
+use crate::store::{Precondition, StoreError, WriteOp};
 
 /// Retries of the budget's status write on a conflict (Kubernetes' EvictionsRetry steps).
 const RETRIES: usize = 20;
@@ -295,26 +295,6 @@ async fn check_and_decrement(
         Reason::Timeout,
         format!("couldn't update PodDisruptionBudget \"{budget_name}\" due to conflicts"),
     ))
-}
-
-/// An object as stored, with its revision (None: it does not exist).
-async fn stored(
-    ctx: &Ctx,
-    r: &'static registry::Resource,
-    key: &str,
-    name: &str,
-) -> Result<Option<(Value, Revision)>, ApiError> {
-    let Some(kv) = ctx
-        .store
-        .get(key)
-        .await
-        .map_err(|e| store_error(r, name, e))?
-    else {
-        return Ok(None);
-    };
-    let mut v = conversion::from_storage(r, super::parse_stored(&kv.value)?)?;
-    meta::set_resource_version(&mut v, kv.mod_revision);
-    Ok(Some((v, kv.mod_revision)))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::{Call, Ctx};
 use crate::apiserver::negotiate::{self, Output};
 use crate::apiserver::output::{self, Resp};
+use crate::apiserver::registry::Resource;
 use crate::apiserver::request::{ListOptions, ReadAt};
 use crate::apiserver::{conversion, meta, rules, table};
 use crate::machinery::ApiError;
@@ -156,15 +157,29 @@ pub async fn current(
     call: &Call<'_>,
     name: &str,
 ) -> Result<(Value, Revision), ApiError> {
-    let kv = ctx
+    stored(ctx, call.resource, &call.key(name), name)
+        .await?
+        .ok_or_else(|| call.not_found(name))
+}
+
+/// The object of `r` at `key` as stored, with its revision (None: it does not exist).
+pub async fn stored(
+    ctx: &Ctx,
+    r: &Resource,
+    key: &str,
+    name: &str,
+) -> Result<Option<(Value, Revision)>, ApiError> {
+    let Some(kv) = ctx
         .store
-        .get(&call.key(name))
+        .get(key)
         .await
-        .map_err(|e| super::store_error(call.resource, name, e))?
-        .ok_or_else(|| call.not_found(name))?;
-    let mut v = conversion::from_storage(call.resource, super::parse_stored(&kv.value)?)?;
+        .map_err(|e| super::store_error(r, name, e))?
+    else {
+        return Ok(None);
+    };
+    let mut v = conversion::from_storage(r, super::parse_stored(&kv.value)?)?;
     meta::set_resource_version(&mut v, kv.mod_revision);
-    Ok((v, kv.mod_revision))
+    Ok(Some((v, kv.mod_revision)))
 }
 
 #[cfg(test)]
