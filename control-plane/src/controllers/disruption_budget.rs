@@ -35,7 +35,7 @@ use crate::machinery::kinds::policy::{set_disruption_allowed, DISRUPTION_ALLOWED
 use crate::machinery::selectors::LabelSelector;
 use crate::runtime::controller::api_code;
 use crate::runtime::informer::Change;
-use crate::runtime::owner::controller_of;
+use crate::runtime::owner::{controller_of, resolve};
 use crate::runtime::{
     Action, Controller, EventType, Informer, ObjectKey, ReconcileError, Reconciler, Recorder,
     WorkQueue,
@@ -231,40 +231,26 @@ impl DisruptionBudgetController {
             .collect()
     }
 
-    /// The scale of the controller of `pod`: (its uid, its replicas).
+    /// The scale of the controller of `pod`: (its uid, its replicas); a ReplicaSet a
+    /// Deployment controls counts as the Deployment (Kubernetes' finders).
     fn controller_scale(&self, pod: &Pod) -> Option<(String, i32)> {
         let r = controller_of(&pod.metadata)?;
         let ns = pod.namespace().unwrap_or_default();
-        let uid_matches = |uid: Option<String>| uid.as_deref() == Some(r.uid.as_str());
-        match (r.kind.as_str(), r.api_version.split('/').next()) {
-            ("ReplicaSet", Some("apps")) => {
-                let rs = self.replica_sets.get_namespaced(&ns, &r.name)?;
-                if !uid_matches(rs.uid()) {
-                    return None;
-                }
-                if let Some(d) = controller_of(&rs.metadata).filter(|d| d.kind == "Deployment") {
-                    let dep = self.deployments.get_namespaced(&ns, &d.name)?;
-                    if dep.uid().as_deref() != Some(d.uid.as_str()) {
-                        return None;
-                    }
-                    let replicas = dep.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                    return Some((d.uid.clone(), replicas));
-                }
-                let replicas = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                Some((r.uid.clone(), replicas))
+        if let Some(rs) =
+            resolve(&self.replica_sets, &ns, r).and_then(|k| self.replica_sets.get(&k))
+        {
+            if let Some(d) = controller_of(&rs.metadata).filter(|d| d.kind == "Deployment") {
+                let dep =
+                    resolve(&self.deployments, &ns, d).and_then(|k| self.deployments.get(&k))?;
+                let replicas = dep.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                return Some((d.uid.clone(), replicas));
             }
-            ("StatefulSet", Some("apps")) => {
-                let s = self.stateful_sets.get_namespaced(&ns, &r.name)?;
-                if !uid_matches(s.uid()) {
-                    return None;
-                }
-                Some((
-                    r.uid.clone(),
-                    s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-                ))
-            }
-            _ => None,
+            let replicas = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            return Some((r.uid.clone(), replicas));
         }
+        let set = resolve(&self.stateful_sets, &ns, r).and_then(|k| self.stateful_sets.get(&k))?;
+        let replicas = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        Some((r.uid.clone(), replicas))
     }
 
     /// Kubernetes' getExpectedScale: the sum of the scales of the pods' controllers (each
