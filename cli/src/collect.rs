@@ -53,15 +53,59 @@ impl AddOn {
             .items)
     }
 
-    /// The path of `pod`'s `rest` through the API server's pods/proxy.
-    fn path(&self, pod: &Pod, rest: &str) -> String {
-        format!(
-            "/api/v1/namespaces/{}/pods/{}:{}/proxy/{rest}",
-            self.namespace,
-            name_of(&pod.metadata),
-            self.port
-        )
+    /// Every pod of this add-on (`what`, e.g. "service proxy") asked `GET
+    /// /<endpoint>?namespace=&name=` through pods/proxy for each of `services`.
+    /// A pod that does not answer, or no pod at all, is a note: the `step` steps are then
+    /// unknown.
+    async fn ask_each<T: serde::de::DeserializeOwned>(
+        &self,
+        client: &Client,
+        (what, step): (&str, &str),
+        endpoint: &str,
+        namespace: &str,
+        services: &[String],
+        notes: &mut Vec<String>,
+    ) -> Result<Vec<Answer<T>>, TraceError> {
+        let pods = self.pods(client).await?;
+        if pods.is_empty() {
+            notes.push(format!(
+                "no {what} pods ({} in {}): {step} steps unknown",
+                self.selector, self.namespace
+            ));
+        }
+        let mut answers = Vec::new();
+        for pod in &pods {
+            let (name, node) = (name_of(&pod.metadata), node_of(pod));
+            for svc in services {
+                let path = format!(
+                    "/api/v1/namespaces/{}/pods/{}:{}/proxy/{endpoint}?namespace={namespace}&name={svc}",
+                    self.namespace,
+                    name,
+                    self.port
+                );
+                match get_json::<T>(client, &path).await {
+                    Ok(report) => answers.push(Answer {
+                        service: svc.clone(),
+                        pod: name.clone(),
+                        node: node.clone(),
+                        report,
+                    }),
+                    Err(e) => notes.push(format!(
+                        "{what} {name} on {node} did not answer for service/{svc}: {e}"
+                    )),
+                }
+            }
+        }
+        Ok(answers)
     }
+}
+
+/// One add-on pod's answer about one service (None: 404, nothing recorded there).
+struct Answer<T> {
+    service: String,
+    pod: String,
+    node: String,
+    report: Option<T>,
 }
 
 fn node_of(pod: &Pod) -> String {
@@ -409,52 +453,31 @@ pub async fn trace(
         slices_of.push((svc, items));
     }
 
-    // Every proxy's record of every service: one call per proxy and service.
-    // None: the proxy has not programmed the service (yet).
-    let mut programmed: Vec<(String, String, Option<ProgrammedReport>)> = Vec::new();
-    // Every DNS server's record of every service's name, likewise.
-    let mut learned: Vec<(String, String, Option<LearnedReport>)> = Vec::new();
+    // Every proxy's record of every service (None: not programmed there yet), and every
+    // DNS server's record of every service's name: one call per pod and service.
+    let names: Vec<String> = slices_of.iter().map(|(svc, _)| svc.clone()).collect();
+    let (mut programmed, mut learned) = (Vec::new(), Vec::new());
     if !services.is_empty() {
-        let proxy_pods = proxies.pods(&client).await?;
-        if proxy_pods.is_empty() {
-            notes.push(format!(
-                "no service proxy pods ({} in {}): programmed steps unknown",
-                proxies.selector, proxies.namespace
-            ));
-        }
-        for pp in &proxy_pods {
-            let node = node_of(pp);
-            for (svc, _) in &slices_of {
-                let path =
-                    proxies.path(pp, &format!("programmed?namespace={namespace}&name={svc}"));
-                match get_json::<ProgrammedReport>(&client, &path).await {
-                    Ok(r) => programmed.push((svc.clone(), node.clone(), r)),
-                    Err(e) => notes.push(format!(
-                        "service proxy {} on {node} did not answer for service/{svc}: {e}",
-                        name_of(&pp.metadata)
-                    )),
-                }
-            }
-        }
-        let dns_pods = dns.pods(&client).await?;
-        if dns_pods.is_empty() {
-            notes.push(format!(
-                "no cluster DNS pods ({} in {}): name resolvable steps unknown",
-                dns.selector, dns.namespace
-            ));
-        }
-        for dp in &dns_pods {
-            let at = format!("{} on {}", name_of(&dp.metadata), node_of(dp));
-            for (svc, _) in &slices_of {
-                let path = dns.path(dp, &format!("learned?namespace={namespace}&name={svc}"));
-                match get_json::<LearnedReport>(&client, &path).await {
-                    Ok(r) => learned.push((svc.clone(), at.clone(), r)),
-                    Err(e) => notes.push(format!(
-                        "cluster DNS {at} did not answer for service/{svc}: {e}"
-                    )),
-                }
-            }
-        }
+        programmed = proxies
+            .ask_each::<ProgrammedReport>(
+                &client,
+                ("service proxy", "programmed"),
+                "programmed",
+                namespace,
+                &names,
+                &mut notes,
+            )
+            .await?;
+        learned = dns
+            .ask_each::<LearnedReport>(
+                &client,
+                ("cluster DNS", "name resolvable"),
+                "learned",
+                namespace,
+                &names,
+                &mut notes,
+            )
+            .await?;
     }
     let headless: Vec<String> = services
         .iter()
@@ -492,7 +515,7 @@ pub async fn trace(
                     .detail(format!("service/{svc}")),
             };
             steps.push(step);
-            for (s, node, report) in programmed.iter().filter(|(s, _, _)| s == svc) {
+            for Answer { node, report, .. } in programmed.iter().filter(|a| &a.service == svc) {
                 let at = ip.as_deref().zip(report.as_ref()).and_then(|(ip, report)| {
                     report
                         .endpoints
@@ -506,13 +529,19 @@ pub async fn trace(
                     .unwrap_or_else(|| node.clone());
                 steps.push(
                     Step::new(StepKind::Programmed, &object, at)
-                        .detail(format!("service/{s} node {node}"))
+                        .detail(format!("service/{svc} node {node}"))
                         .fine(),
                 );
             }
             if headless.contains(svc) {
                 // A headless Service's name answers with the pod's own address.
-                for (_, dns_at, report) in learned.iter().filter(|(s, ..)| s == svc) {
+                for Answer {
+                    pod: dns,
+                    node,
+                    report,
+                    ..
+                } in learned.iter().filter(|a| &a.service == svc)
+                {
                     let at = ip.as_deref().zip(report.as_ref()).and_then(|(ip, r)| {
                         r.addresses
                             .iter()
@@ -521,7 +550,7 @@ pub async fn trace(
                     });
                     steps.push(
                         Step::new(StepKind::Resolvable, &object, at)
-                            .detail(format!("service/{svc} dns {dns_at}"))
+                            .detail(format!("service/{svc} dns {dns} on {node}"))
                             .fine(),
                     );
                 }
@@ -529,7 +558,13 @@ pub async fn trace(
         }
     }
     // A Service with a cluster IP: its name resolves to that, whatever its pods.
-    for (svc, dns_at, report) in learned.iter().filter(|(s, ..)| !headless.contains(s)) {
+    for Answer {
+        service: svc,
+        pod: dns,
+        node,
+        report,
+    } in learned.iter().filter(|a| !headless.contains(&a.service))
+    {
         let answer = report
             .as_ref()
             .map(|r| {
@@ -543,18 +578,24 @@ pub async fn trace(
                 format!("service/{svc}"),
                 report.as_ref().and_then(|r| r.learned.parse().ok()),
             )
-            .detail(format!("{answer} dns {dns_at}"))
+            .detail(format!("{answer} dns {dns} on {node}"))
             .fine(),
         );
     }
     if pods.is_empty() {
         // A Service without pods: when each node programmed it at all.
-        for (svc, node, r) in &programmed {
+        for Answer {
+            service: svc,
+            node,
+            report,
+            ..
+        } in &programmed
+        {
             steps.push(
                 Step::new(
                     StepKind::Programmed,
                     format!("service/{svc}"),
-                    r.as_ref().and_then(|r| r.last_programmed.parse().ok()),
+                    report.as_ref().and_then(|r| r.last_programmed.parse().ok()),
                 )
                 .detail(format!("node {node}"))
                 .fine(),
