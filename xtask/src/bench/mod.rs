@@ -7,6 +7,7 @@ pub mod api_tls;
 pub mod client;
 pub mod density;
 pub mod dns;
+pub mod jobs;
 pub mod node;
 pub mod northsouth;
 pub mod plot;
@@ -17,7 +18,8 @@ pub mod scheduler;
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
     /// The API server: latency and throughput by verb and concurrency (TLS+RBAC next to plain
-    /// HTTP without authorization), watch fan-out, TLS handshakes/s, memory.
+    /// HTTP without authorization; `--store etcd`: etcd next to the embedded store, and the
+    /// fail-over time after an etcd leader kill), watch fan-out, TLS handshakes/s, memory.
     Api(api::Opts),
     /// The service proxy: eBPF vs iptables vs direct, 1 to 100,000 services (ClusterIP from
     /// inside the node; `--north-south`: NodePort from outside, with tc and XDP, and Maglev).
@@ -33,6 +35,9 @@ pub enum BenchCmd {
     /// The scheduler: pods bound per second and latency at 100 to 5,000 nodes, 1,000 to
     /// 30,000 pods, against the decision rate in-process.
     Scheduler(scheduler::Opts),
+    /// The Job controller: a Job of 100 and of 1,000 trivial pods on 2 nodes, creation to
+    /// Complete, pods completed per second against the smallest Job.
+    Jobs(jobs::Opts),
 }
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -43,6 +48,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Scheduler(opts) => scheduler::run_bench(opts),
         BenchCmd::Density(opts) => density::run_bench(opts),
         BenchCmd::Dns(opts) => dns::run_bench(opts),
+        BenchCmd::Jobs(opts) => jobs::run_bench(opts),
     }
 }
 
