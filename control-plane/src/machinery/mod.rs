@@ -14,6 +14,7 @@ pub mod kinds;
 pub mod patch;
 pub mod quantity;
 pub mod quota;
+pub mod schema;
 pub mod selectors;
 pub mod status;
 pub mod strict;
