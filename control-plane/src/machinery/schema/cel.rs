@@ -36,8 +36,23 @@ const PER_OBJECT_BUDGET: u64 = 10_000_000;
 /// Names a rule may use besides `self`, `oldSelf` and its own comprehension variables:
 /// namespaces and type names of the standard library.
 const BUILTIN_NAMES: &[&str] = &[
-    "optional", "int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type",
-    "type", "dyn", "timestamp", "duration", "math", "strings", "base64",
+    "optional",
+    "int",
+    "uint",
+    "double",
+    "bool",
+    "string",
+    "bytes",
+    "list",
+    "map",
+    "null_type",
+    "type",
+    "dyn",
+    "timestamp",
+    "duration",
+    "math",
+    "strings",
+    "base64",
 ];
 
 /// The environment every rule compiles and runs in: the standard library with optionals,
@@ -115,7 +130,11 @@ pub(super) fn compile_rules(
     errs: &mut Vec<FieldError>,
 ) -> Vec<Rule> {
     let Some(list) = raw.as_array() else {
-        errs.push(FieldError::invalid_unquoted(path, raw, "must be a list of rules"));
+        errs.push(FieldError::invalid_unquoted(
+            path,
+            raw,
+            "must be a list of rules",
+        ));
         return vec![];
     };
     let mut rules = Vec::new();
@@ -139,7 +158,11 @@ fn compile_rule(
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(other) => {
-            errs.push(FieldError::invalid_unquoted(path.child(key), other, "must be a string"));
+            errs.push(FieldError::invalid_unquoted(
+                path.child(key),
+                other,
+                "must be a string",
+            ));
             None
         }
     };
@@ -151,9 +174,17 @@ fn compile_rule(
     let message = text("message", errs);
     if let Some(m) = &message {
         if m.trim().is_empty() {
-            errs.push(FieldError::invalid(path.child("message"), m, "message must be non-empty if specified"));
+            errs.push(FieldError::invalid(
+                path.child("message"),
+                m,
+                "message must be non-empty if specified",
+            ));
         } else if m.contains('\n') {
-            errs.push(FieldError::invalid(path.child("message"), m, "message must not contain line breaks"));
+            errs.push(FieldError::invalid(
+                path.child("message"),
+                m,
+                "message must not contain line breaks",
+            ));
         }
     }
     let reason = match text("reason", errs).as_deref() {
@@ -165,7 +196,12 @@ fn compile_rule(
             errs.push(FieldError::not_supported(
                 path.child("reason"),
                 other,
-                &["FieldValueRequired", "FieldValueDuplicate", "FieldValueInvalid", "FieldValueForbidden"],
+                &[
+                    "FieldValueRequired",
+                    "FieldValueDuplicate",
+                    "FieldValueInvalid",
+                    "FieldValueForbidden",
+                ],
             ));
             Reason::Invalid
         }
@@ -175,7 +211,11 @@ fn compile_rule(
         Some(fp) => match parse_field_path(&fp).filter(|segs| field_path_exists(node, segs)) {
             Some(segs) => segs,
             None => {
-                errs.push(FieldError::invalid(path.child("fieldPath"), &fp, "fieldPath must be a valid path"));
+                errs.push(FieldError::invalid(
+                    path.child("fieldPath"),
+                    &fp,
+                    "fieldPath must be a valid path",
+                ));
                 vec![]
             }
         },
@@ -184,14 +224,20 @@ fn compile_rule(
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(other) => {
-            errs.push(FieldError::invalid_unquoted(path.child("optionalOldSelf"), other, "must be a boolean"));
+            errs.push(FieldError::invalid_unquoted(
+                path.child("optionalOldSelf"),
+                other,
+                "must be a boolean",
+            ));
             false
         }
     };
 
     let program = compile_expr(&source, &path.child("rule"), errs);
     let message_expression = text("messageExpression", errs)
-        .and_then(|src| compile_expr(&src, &path.child("messageExpression"), errs).map(|p| (p, src)))
+        .and_then(|src| {
+            compile_expr(&src, &path.child("messageExpression"), errs).map(|p| (p, src))
+        })
         .map(|(p, src)| {
             if uses(&p, "oldSelf") && !correlatable {
                 errs.push(FieldError::invalid(
@@ -242,7 +288,11 @@ fn compile_rule(
 fn compile_expr(source: &str, path: &FieldPath, errs: &mut Vec<FieldError>) -> Option<Program> {
     match ENV.compile(source) {
         Err(e) => {
-            errs.push(FieldError::invalid(path, source, &format!("compilation failed: {e}")));
+            errs.push(FieldError::invalid(
+                path,
+                source,
+                &format!("compilation failed: {e}"),
+            ));
             None
         }
         Ok(program) => {
@@ -298,8 +348,14 @@ fn free_names(e: &IdedExpr, bound: &mut Vec<String>, out: &mut BTreeSet<String>)
             bound.truncate(n);
         }
         Expr::List(l) => l.elements.iter().for_each(|x| free_names(x, bound, out)),
-        Expr::Map(m) => m.entries.iter().for_each(|x| entry_names(&x.expr, bound, out)),
-        Expr::Struct(s) => s.entries.iter().for_each(|x| entry_names(&x.expr, bound, out)),
+        Expr::Map(m) => m
+            .entries
+            .iter()
+            .for_each(|x| entry_names(&x.expr, bound, out)),
+        Expr::Struct(s) => s
+            .entries
+            .iter()
+            .for_each(|x| entry_names(&x.expr, bound, out)),
         Expr::Select(s) => free_names(&s.operand, bound, out),
         Expr::Literal(_) | Expr::Unspecified => {}
     }
@@ -356,7 +412,11 @@ fn parse_field_path(s: &str) -> Option<Vec<Segment>> {
         } else if let Some(r) = rest.strip_prefix('.') {
             let end = r.find(['.', '[']).unwrap_or(r.len());
             let name = &r[..end];
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
                 return None;
             }
             segs.push(Segment::Field(name.to_string()));
@@ -384,7 +444,14 @@ fn field_path_exists(node: &Node, segs: &[Segment]) -> bool {
 }
 
 /// Run a node's rules on `value` (with `old`, its correlated old value on update).
-pub(super) fn run(node: &Node, value: &Value, old: Option<&Value>, path: &FieldPath, v: &mut Validator, is_root: bool) {
+pub(super) fn run(
+    node: &Node,
+    value: &Value,
+    old: Option<&Value>,
+    path: &FieldPath,
+    v: &mut Validator,
+    is_root: bool,
+) {
     if v.budget.exhausted {
         return;
     }
@@ -427,10 +494,13 @@ pub(super) fn run(node: &Node, value: &Value, old: Option<&Value>, path: &FieldP
                 (None, false) => continue,
             }
         }
-        let at = rule.field_path.iter().fold(path.clone(), |p, seg| match seg {
-            Segment::Field(n) => p.child(n),
-            Segment::Key(k) => p.child(k),
-        });
+        let at = rule
+            .field_path
+            .iter()
+            .fold(path.clone(), |p, seg| match seg {
+                Segment::Field(n) => p.child(n),
+                Segment::Key(k) => p.child(k),
+            });
         let field = v.field(&at);
         match rule.program.execute(&ctx) {
             Ok(CelValue::Bool(true)) => {}
@@ -447,7 +517,10 @@ pub(super) fn run(node: &Node, value: &Value, old: Option<&Value>, path: &FieldP
                 v.errs.push(failure(rule.reason, field, ty, &message));
             }
             Ok(other) => {
-                let why = format!("{}: rule did not evaluate to a bool: {other:?}", rule.source.trim());
+                let why = format!(
+                    "{}: rule did not evaluate to a bool: {other:?}",
+                    rule.source.trim()
+                );
                 v.errs.push(FieldError::invalid(field, ty, &why));
             }
             Err(e) => {
@@ -465,7 +538,11 @@ fn failure(reason: Reason, field: String, ty: &str, message: &str) -> FieldError
         Reason::Invalid => FieldError::invalid(field, ty, message),
         Reason::Forbidden => FieldError::forbidden(field, message),
         Reason::Required => FieldError::required_because(field, message),
-        Reason::Duplicate => FieldError::new(CauseType::Duplicate, field, format!("Duplicate value: \"{ty}\"")),
+        Reason::Duplicate => FieldError::new(
+            CauseType::Duplicate,
+            field,
+            format!("Duplicate value: \"{ty}\""),
+        ),
     }
 }
 
@@ -483,7 +560,11 @@ fn to_cel(v: &Value, node: Option<&Node>, is_root: bool, size: &mut u64) -> CelV
             match (n.as_i64(), n.as_u64(), n.as_f64()) {
                 (Some(i), _, _) if !as_double => CelValue::Int(i),
                 (None, Some(u), _) if !as_double => CelValue::UInt(u),
-                (_, _, Some(f)) if !as_double && node.is_some_and(|n| n.ty == Some(Type::Integer)) && f.fract() == 0.0 => {
+                (_, _, Some(f))
+                    if !as_double
+                        && node.is_some_and(|n| n.ty == Some(Type::Integer))
+                        && f.fract() == 0.0 =>
+                {
                     CelValue::Int(f as i64)
                 }
                 (_, _, Some(f)) => CelValue::Float(f),
@@ -492,7 +573,12 @@ fn to_cel(v: &Value, node: Option<&Node>, is_root: bool, size: &mut u64) -> CelV
         }
         Value::Array(items) => {
             let item_node = node.and_then(|n| n.items.as_deref());
-            CelValue::List(Arc::new(items.iter().map(|x| to_cel(x, item_node, false, size)).collect()))
+            CelValue::List(Arc::new(
+                items
+                    .iter()
+                    .map(|x| to_cel(x, item_node, false, size))
+                    .collect(),
+            ))
         }
         Value::Object(map) => {
             let mut out: HashMap<Key, CelValue> = HashMap::with_capacity(map.len());
@@ -519,7 +605,10 @@ fn root_metadata(meta: &Value, size: &mut u64) -> CelValue {
     for field in ["name", "generateName"] {
         if let Some(Value::String(s)) = meta.get(field) {
             *size += 1;
-            out.insert(Key::String(Arc::new(field.to_string())), CelValue::String(Arc::new(s.clone())));
+            out.insert(
+                Key::String(Arc::new(field.to_string())),
+                CelValue::String(Arc::new(s.clone())),
+            );
         }
     }
     CelValue::Map(CelMap { map: Arc::new(out) })

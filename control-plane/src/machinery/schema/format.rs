@@ -42,15 +42,20 @@ fn re(pattern: &str) -> Regex {
 
 static UUID: LazyLock<Regex> =
     LazyLock::new(|| re(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$"));
-static UUID3: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?3[0-9a-f]{3}-?[0-9a-f]{4}-?[0-9a-f]{12}$"));
-static UUID4: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?4[0-9a-f]{3}-?[89ab][0-9a-f]{3}-?[0-9a-f]{12}$"));
-static UUID5: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?5[0-9a-f]{3}-?[89ab][0-9a-f]{3}-?[0-9a-f]{12}$"));
+static UUID3: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?3[0-9a-f]{3}-?[0-9a-f]{4}-?[0-9a-f]{12}$")
+});
+static UUID4: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?4[0-9a-f]{3}-?[89ab][0-9a-f]{3}-?[0-9a-f]{12}$")
+});
+static UUID5: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?5[0-9a-f]{3}-?[89ab][0-9a-f]{3}-?[0-9a-f]{12}$")
+});
 static EMAIL: LazyLock<Regex> = LazyLock::new(|| re(r"^[^@\s<>]+@[^@\s<>]+$"));
 static MAC: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?i)^([0-9a-f]{2}([:-][0-9a-f]{2}){5}|[0-9a-f]{2}([:-][0-9a-f]{2}){7}|[0-9a-f]{2}([:-][0-9a-f]{2}){19}|[0-9a-f]{4}(\.[0-9a-f]{4}){2,9})$")
+    re(
+        r"(?i)^([0-9a-f]{2}([:-][0-9a-f]{2}){5}|[0-9a-f]{2}([:-][0-9a-f]{2}){7}|[0-9a-f]{2}([:-][0-9a-f]{2}){19}|[0-9a-f]{4}(\.[0-9a-f]{4}){2,9})$",
+    )
 });
 static HEX_COLOR: LazyLock<Regex> = LazyLock::new(|| re(r"^#?([0-9a-fA-F]{3}|[0-9a-fA-F]{6})$"));
 static RGB_COLOR: LazyLock<Regex> = LazyLock::new(|| {
@@ -60,7 +65,9 @@ static RGB_COLOR: LazyLock<Regex> = LazyLock::new(|| {
 static SSN: LazyLock<Regex> = LazyLock::new(|| re(r"^\d{3}[- ]?\d{2}[- ]?\d{4}$"));
 static BSON_ID: LazyLock<Regex> = LazyLock::new(|| re(r"^[0-9a-fA-F]{24}$"));
 static DURATION: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"^\s*(\d+(\.\d+)?\s*(ns|us|µs|ms|s|m|h|d|w|nanoseconds?|microseconds?|milliseconds?|seconds?|minutes?|hours?|days?|weeks?)\s*)+$")
+    re(
+        r"^\s*(\d+(\.\d+)?\s*(ns|us|µs|ms|s|m|h|d|w|nanoseconds?|microseconds?|milliseconds?|seconds?|minutes?|hours?|days?|weeks?)\s*)+$",
+    )
 });
 static URI_SCHEME: LazyLock<Regex> = LazyLock::new(|| re(r"^[a-zA-Z][a-zA-Z0-9+.-]*:\S*$"));
 

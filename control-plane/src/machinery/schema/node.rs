@@ -340,7 +340,12 @@ fn flag(obj: &Map<String, Value>, key: &str, path: &FieldPath, errs: &mut Vec<Fi
     }
 }
 
-fn unsigned(obj: &Map<String, Value>, key: &str, path: &FieldPath, errs: &mut Vec<FieldError>) -> Option<u64> {
+fn unsigned(
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &FieldPath,
+    errs: &mut Vec<FieldError>,
+) -> Option<u64> {
     let v = obj.get(key)?;
     match v.as_u64() {
         Some(n) => Some(n),
@@ -355,17 +360,31 @@ fn unsigned(obj: &Map<String, Value>, key: &str, path: &FieldPath, errs: &mut Ve
     }
 }
 
-fn number(obj: &Map<String, Value>, key: &str, path: &FieldPath, errs: &mut Vec<FieldError>) -> Option<Number> {
+fn number(
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &FieldPath,
+    errs: &mut Vec<FieldError>,
+) -> Option<Number> {
     match obj.get(key)? {
         Value::Number(n) => Some(n.clone()),
         other => {
-            errs.push(FieldError::invalid_unquoted(path.child(key), other, "must be a number"));
+            errs.push(FieldError::invalid_unquoted(
+                path.child(key),
+                other,
+                "must be a number",
+            ));
             None
         }
     }
 }
 
-fn string_list(obj: &Map<String, Value>, key: &str, path: &FieldPath, errs: &mut Vec<FieldError>) -> Vec<String> {
+fn string_list(
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &FieldPath,
+    errs: &mut Vec<FieldError>,
+) -> Vec<String> {
     let Some(v) = obj.get(key) else {
         return vec![];
     };
@@ -386,13 +405,21 @@ fn string_list(obj: &Map<String, Value>, key: &str, path: &FieldPath, errs: &mut
             })
             .collect(),
         None => {
-            errs.push(FieldError::invalid_unquoted(path.child(key), v, "must be a list of strings"));
+            errs.push(FieldError::invalid_unquoted(
+                path.child(key),
+                v,
+                "must be a list of strings",
+            ));
             vec![]
         }
     }
 }
 
-fn list_type(obj: &Map<String, Value>, path: &FieldPath, errs: &mut Vec<FieldError>) -> Option<ListType> {
+fn list_type(
+    obj: &Map<String, Value>,
+    path: &FieldPath,
+    errs: &mut Vec<FieldError>,
+) -> Option<ListType> {
     let v = obj.get("x-kubernetes-list-type")?;
     let p = path.child("x-kubernetes-list-type");
     match v.as_str() {
@@ -400,7 +427,11 @@ fn list_type(obj: &Map<String, Value>, path: &FieldPath, errs: &mut Vec<FieldErr
         Some("set") => Some(ListType::Set),
         Some("map") => Some(ListType::Map),
         Some(other) => {
-            errs.push(FieldError::not_supported(p, other, &["atomic", "set", "map"]));
+            errs.push(FieldError::not_supported(
+                p,
+                other,
+                &["atomic", "set", "map"],
+            ));
             None
         }
         None => {
@@ -410,7 +441,12 @@ fn list_type(obj: &Map<String, Value>, path: &FieldPath, errs: &mut Vec<FieldErr
     }
 }
 
-fn compile_checks(obj: &Map<String, Value>, path: &FieldPath, place: Place, errs: &mut Vec<FieldError>) -> Checks {
+fn compile_checks(
+    obj: &Map<String, Value>,
+    path: &FieldPath,
+    place: Place,
+    errs: &mut Vec<FieldError>,
+) -> Checks {
     let mut c = Checks {
         maximum: number(obj, "maximum", path, errs),
         exclusive_maximum: flag(obj, "exclusiveMaximum", path, errs),
@@ -439,13 +475,21 @@ fn compile_checks(obj: &Map<String, Value>, path: &FieldPath, place: Place, errs
         match f.as_str() {
             // Formats Kubernetes does not know are accepted and not checked, as there.
             Some(name) => c.format = Format::parse(name),
-            None => errs.push(FieldError::invalid_unquoted(path.child("format"), f, "must be a string")),
+            None => errs.push(FieldError::invalid_unquoted(
+                path.child("format"),
+                f,
+                "must be a string",
+            )),
         }
     }
     if let Some(e) = obj.get("enum") {
         match e.as_array() {
             Some(values) => c.enumeration = values.clone(),
-            None => errs.push(FieldError::invalid_unquoted(path.child("enum"), e, "must be a list")),
+            None => errs.push(FieldError::invalid_unquoted(
+                path.child("enum"),
+                e,
+                "must be a list",
+            )),
         }
     }
     if let Some(p) = obj.get("pattern") {
@@ -463,7 +507,11 @@ fn compile_checks(obj: &Map<String, Value>, path: &FieldPath, place: Place, errs
                     &format!("must be a valid regular expression, but isn't: {e}"),
                 )),
             },
-            None => errs.push(FieldError::invalid_unquoted(path.child("pattern"), p, "must be a string")),
+            None => errs.push(FieldError::invalid_unquoted(
+                path.child("pattern"),
+                p,
+                "must be a string",
+            )),
         }
     }
     let nested = Place {
@@ -484,11 +532,20 @@ fn compile_checks(obj: &Map<String, Value>, path: &FieldPath, place: Place, errs
                     out.push(compile_node(sub, &path.child(key).index(i), nested, errs));
                 }
             }
-            None => errs.push(FieldError::invalid_unquoted(path.child(key), v, "must be a list of schemas")),
+            None => errs.push(FieldError::invalid_unquoted(
+                path.child(key),
+                v,
+                "must be a list of schemas",
+            )),
         }
     }
     if let Some(sub) = obj.get("not") {
-        c.not = Some(Box::new(compile_node(sub, &path.child("not"), nested, errs)));
+        c.not = Some(Box::new(compile_node(
+            sub,
+            &path.child("not"),
+            nested,
+            errs,
+        )));
     }
     c
 }
@@ -497,7 +554,10 @@ fn compile_checks(obj: &Map<String, Value>, path: &FieldPath, place: Place, errs
 /// `validateStructuralInvariants`).
 fn check_structural(node: &Node, path: &FieldPath, level: Level, errs: &mut Vec<FieldError>) {
     if node.ty == Some(Type::Array) && node.items.is_none() {
-        errs.push(FieldError::required_because(path.child("items"), "must be specified"));
+        errs.push(FieldError::required_because(
+            path.child("items"),
+            "must be specified",
+        ));
     }
     if node.embedded && node.ty != Some(Type::Object) {
         let why = "must be object if x-kubernetes-embedded-resource is true";
@@ -521,7 +581,11 @@ fn check_structural(node: &Node, path: &FieldPath, level: Level, errs: &mut Vec<
     }
     if level == Level::Root {
         if let Some(t) = node.ty.filter(|t| *t != Type::Object) {
-            errs.push(FieldError::invalid(path.child("type"), t.as_str(), "must be object at the root"));
+            errs.push(FieldError::invalid(
+                path.child("type"),
+                t.as_str(),
+                "must be object at the root",
+            ));
         }
         if node.additional.is_some() {
             errs.push(FieldError::forbidden(
@@ -558,7 +622,11 @@ fn check_structural(node: &Node, path: &FieldPath, level: Level, errs: &mut Vec<
     }
     let check_meta = level == Level::Root || node.embedded;
     if check_meta {
-        for (field, want) in [("kind", Type::String), ("apiVersion", Type::String), ("metadata", Type::Object)] {
+        for (field, want) in [
+            ("kind", Type::String),
+            ("apiVersion", Type::String),
+            ("metadata", Type::Object),
+        ] {
             if let Some(p) = node.properties.get(field) {
                 if p.ty != Some(want) {
                     errs.push(FieldError::invalid(
@@ -617,22 +685,67 @@ fn metadata_only_names(meta: &Node) -> bool {
 /// Under allOf/anyOf/oneOf/not only value validations are allowed (apiextensions'
 /// `validateNestedValueValidation`), except the int-or-string pattern
 /// `anyOf: [{type: integer}, {type: string}]`.
-fn check_nested(obj: &Map<String, Value>, node: &Node, path: &FieldPath, errs: &mut Vec<FieldError>) {
-    let int_or_string_branch = matches!(node.ty, Some(Type::Integer | Type::String)) && obj.len() == 1;
+fn check_nested(
+    obj: &Map<String, Value>,
+    node: &Node,
+    path: &FieldPath,
+    errs: &mut Vec<FieldError>,
+) {
+    let int_or_string_branch =
+        matches!(node.ty, Some(Type::Integer | Type::String)) && obj.len() == 1;
     if node.ty.is_some() && !int_or_string_branch {
-        errs.push(FieldError::forbidden(path.child("type"), "must be empty to be structural"));
+        errs.push(FieldError::forbidden(
+            path.child("type"),
+            "must be empty to be structural",
+        ));
     }
     for (key, set, why) in [
-        ("additionalProperties", obj.contains_key("additionalProperties"), "must be undefined to be structural"),
-        ("default", node.default.is_some(), "must be undefined to be structural"),
-        ("title", obj.contains_key("title"), "must be empty to be structural"),
-        ("description", obj.contains_key("description"), "must be empty to be structural"),
+        (
+            "additionalProperties",
+            obj.contains_key("additionalProperties"),
+            "must be undefined to be structural",
+        ),
+        (
+            "default",
+            node.default.is_some(),
+            "must be undefined to be structural",
+        ),
+        (
+            "title",
+            obj.contains_key("title"),
+            "must be empty to be structural",
+        ),
+        (
+            "description",
+            obj.contains_key("description"),
+            "must be empty to be structural",
+        ),
         ("nullable", node.nullable, "must be false to be structural"),
-        ("x-kubernetes-preserve-unknown-fields", node.preserve_unknown, "must be false to be structural"),
-        ("x-kubernetes-embedded-resource", node.embedded, "must be false to be structural"),
-        ("x-kubernetes-int-or-string", node.int_or_string, "must be false to be structural"),
-        ("x-kubernetes-list-map-keys", !node.map_keys.is_empty(), "must be empty to be structural"),
-        ("x-kubernetes-list-type", node.list_type.is_some(), "must be undefined to be structural"),
+        (
+            "x-kubernetes-preserve-unknown-fields",
+            node.preserve_unknown,
+            "must be false to be structural",
+        ),
+        (
+            "x-kubernetes-embedded-resource",
+            node.embedded,
+            "must be false to be structural",
+        ),
+        (
+            "x-kubernetes-int-or-string",
+            node.int_or_string,
+            "must be false to be structural",
+        ),
+        (
+            "x-kubernetes-list-map-keys",
+            !node.map_keys.is_empty(),
+            "must be empty to be structural",
+        ),
+        (
+            "x-kubernetes-list-type",
+            node.list_type.is_some(),
+            "must be undefined to be structural",
+        ),
     ] {
         if set {
             errs.push(FieldError::forbidden(path.child(key), why));
@@ -710,7 +823,11 @@ fn check_list_type(node: &Node, path: &FieldPath, errs: &mut Vec<FieldError>) {
                         "entries must all be names of item properties",
                     )),
                     Some(k) => {
-                        if !matches!(k.ty, Some(Type::String | Type::Integer | Type::Number | Type::Boolean)) && !k.int_or_string {
+                        if !matches!(
+                            k.ty,
+                            Some(Type::String | Type::Integer | Type::Number | Type::Boolean)
+                        ) && !k.int_or_string
+                        {
                             errs.push(FieldError::invalid(
                                 path.child("items").child("properties").key(key).child("type"),
                                 k.ty.map_or("", Type::as_str),

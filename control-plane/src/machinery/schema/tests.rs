@@ -10,7 +10,8 @@ use crate::machinery::validation::FieldPath;
 const AT: &str = "spec.versions[0].schema.openAPIV3Schema";
 
 fn compile(schema: Value) -> Structural {
-    Structural::compile(&schema, &FieldPath::new(AT)).unwrap_or_else(|e| panic!("schema rejected: {e:?}"))
+    Structural::compile(&schema, &FieldPath::new(AT))
+        .unwrap_or_else(|e| panic!("schema rejected: {e:?}"))
 }
 
 fn schema_errors(schema: Value) -> Vec<String> {
@@ -73,7 +74,10 @@ fn a_valid_object_has_no_errors() {
 #[test]
 fn types_are_checked_with_kubernetes_wording() {
     let s = compile(crontab());
-    let errs = s.validate(&object(json!({"cronSpec": "* * * * *", "replicas": "three", "port": true})), None);
+    let errs = s.validate(
+        &object(json!({"cronSpec": "* * * * *", "replicas": "three", "port": true})),
+        None,
+    );
     assert_eq!(
         errs.iter().map(render).collect::<Vec<_>>(),
         vec![
@@ -110,14 +114,18 @@ fn string_checks_pattern_lengths_format_enum() {
     let short = object(json!({"cronSpec": "* * * * *", "image": "é"}));
     assert_eq!(
         errors(&s, short),
-        vec!["spec.image: Invalid value: \"é\": spec.image in body should be at least 2 chars long"]
+        vec![
+            "spec.image: Invalid value: \"é\": spec.image in body should be at least 2 chars long"
+        ]
     );
 }
 
 #[test]
 fn numbers_and_items_are_bounded() {
     let s = compile(crontab());
-    let obj = object(json!({"cronSpec": "* * * * *", "replicas": 11, "ratio": 1.5, "tags": ["a", "b", "c"]}));
+    let obj = object(
+        json!({"cronSpec": "* * * * *", "replicas": 11, "ratio": 1.5, "tags": ["a", "b", "c"]}),
+    );
     assert_eq!(
         errors(&s, obj),
         vec![
@@ -144,9 +152,13 @@ fn nulls_follow_nullable() {
         vec!["spec.cronSpec: Invalid value: \"null\": spec.cronSpec in body must be of type string: \"null\""]
     );
     // After defaulting a non-nullable null is gone (or defaulted) and the nullable one stays.
-    let mut obj = object(json!({"cronSpec": "* * * * *", "image": null, "replicas": null, "note": null}));
+    let mut obj =
+        object(json!({"cronSpec": "* * * * *", "image": null, "replicas": null, "note": null}));
     s.apply_defaults(&mut obj);
-    assert_eq!(obj["spec"], json!({"cronSpec": "* * * * *", "replicas": 1, "policy": "Allow", "note": null}));
+    assert_eq!(
+        obj["spec"],
+        json!({"cronSpec": "* * * * *", "replicas": 1, "policy": "Allow", "note": null})
+    );
     assert_eq!(errors(&s, obj), Vec::<String>::new());
 }
 
@@ -159,7 +171,10 @@ fn unknown_fields_are_pruned_and_preserved_where_asked() {
     obj["metadata"]["unknownMeta"] = json!("the caller's");
     let pruned = s.prune(&mut obj);
     assert_eq!(pruned, vec!["extra", "spec.colour"]);
-    assert_eq!(obj["spec"], json!({"cronSpec": "* * * * *", "labels": {"a": "b"}}));
+    assert_eq!(
+        obj["spec"],
+        json!({"cronSpec": "* * * * *", "labels": {"a": "b"}})
+    );
     assert_eq!(obj["status"], json!({"anything": {"goes": [1, 2]}}));
     assert_eq!(obj["metadata"]["unknownMeta"], json!("the caller's"));
     assert_eq!(obj["apiVersion"], json!("stable.example.com/v1"));
@@ -186,7 +201,8 @@ fn defaults_are_applied_inside_defaults_and_items() {
     let mut obj = json!({"apiVersion": "a/v1", "kind": "K", "metadata": {}});
     s.apply_defaults(&mut obj);
     assert_eq!(obj["spec"], json!({"mode": "fast"}));
-    let mut obj = json!({"spec": {"mode": "slow", "ports": [{"port": 80}, {"port": 53, "protocol": "UDP"}]}});
+    let mut obj =
+        json!({"spec": {"mode": "slow", "ports": [{"port": 80}, {"port": 53, "protocol": "UDP"}]}});
     s.apply_defaults(&mut obj);
     assert_eq!(
         obj["spec"],
@@ -248,7 +264,9 @@ fn root_metadata_may_only_restrict_name() {
     );
     assert_eq!(
         schema_errors(json!({"type": "array", "items": {"type": "string"}})),
-        vec![format!("{AT}.type: Invalid value: \"array\": must be object at the root")]
+        vec![format!(
+            "{AT}.type: Invalid value: \"array\": must be object at the root"
+        )]
     );
 }
 
@@ -372,7 +390,10 @@ fn embedded_resources_keep_type_and_object_meta() {
         "metadata": {"name": "p", "labels": {"a": "b"}, "bogus": 1},
         "spec": {"image": "x", "other": 2}
     }}));
-    assert_eq!(s.prune(&mut obj), vec!["spec.template.metadata.bogus", "spec.template.spec.other"]);
+    assert_eq!(
+        s.prune(&mut obj),
+        vec!["spec.template.metadata.bogus", "spec.template.spec.other"]
+    );
     assert_eq!(
         obj["spec"]["template"],
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"image": "x"}})
@@ -409,7 +430,13 @@ fn value_validations_under_junctors() {
             }
         }
     }));
-    assert_eq!(errors(&s, object(json!({"size": 3, "choice": {"a": "x"}, "name": "abc"}))), Vec::<String>::new());
+    assert_eq!(
+        errors(
+            &s,
+            object(json!({"size": 3, "choice": {"a": "x"}, "name": "abc"}))
+        ),
+        Vec::<String>::new()
+    );
     assert_eq!(
         errors(&s, object(json!({"size": "3Ki", "choice": {"a": "x", "b": "y"}, "name": "forbidden"}))),
         vec![
@@ -495,7 +522,9 @@ fn cel_rules_fail_with_their_messages() {
     let s = compile(cel_schema());
     let ok = object(json!({"replicas": 3, "minReplicas": 1, "ratio": 0.5, "tags": ["team-a"]}));
     assert_eq!(errors(&s, ok), Vec::<String>::new());
-    let bad = object(json!({"replicas": 3, "minReplicas": 5, "paused": true, "ratio": 1, "tags": ["other"]}));
+    let bad = object(
+        json!({"replicas": 3, "minReplicas": 5, "paused": true, "ratio": 1, "tags": ["other"]}),
+    );
     let errs = s.validate(&bad, None);
     assert_eq!(
         errs.iter().map(render).collect::<Vec<_>>(),
@@ -512,22 +541,33 @@ fn cel_rules_fail_with_their_messages() {
 #[test]
 fn cel_transition_rules_run_only_on_update() {
     let s = compile(cel_schema());
-    let old = object(json!({"replicas": 3, "minReplicas": 1, "tags": [], "immutable": "a", "token": "12345678"}));
+    let old = object(
+        json!({"replicas": 3, "minReplicas": 1, "tags": [], "immutable": "a", "token": "12345678"}),
+    );
     // On create oldSelf does not exist: the transition rules do not run, the optional one does.
-    let created = object(json!({"replicas": 1, "minReplicas": 1, "tags": [], "immutable": "b", "token": "short"}));
+    let created = object(
+        json!({"replicas": 1, "minReplicas": 1, "tags": [], "immutable": "b", "token": "short"}),
+    );
     assert_eq!(
         errors(&s, created.clone()),
         vec!["spec.token: Invalid value: \"string\": a new token has 8 characters"]
     );
-    let updated = object(json!({"replicas": 2, "minReplicas": 1, "tags": [], "immutable": "b", "token": "short"}));
+    let updated = object(
+        json!({"replicas": 2, "minReplicas": 1, "tags": [], "immutable": "b", "token": "short"}),
+    );
     assert_eq!(
-        s.validate(&updated, Some(&old)).iter().map(render).collect::<Vec<_>>(),
+        s.validate(&updated, Some(&old))
+            .iter()
+            .map(render)
+            .collect::<Vec<_>>(),
         vec![
             "spec.immutable: Invalid value: \"string\": is immutable",
             "spec.replicas: Invalid value: \"integer\": replicas may not decrease",
         ]
     );
-    let grown = object(json!({"replicas": 4, "minReplicas": 1, "tags": [], "immutable": "a", "token": "short"}));
+    let grown = object(
+        json!({"replicas": 4, "minReplicas": 1, "tags": [], "immutable": "a", "token": "short"}),
+    );
     assert_eq!(s.validate(&grown, Some(&old)), vec![]);
 }
 
@@ -547,7 +587,12 @@ fn cel_rules_that_do_not_compile_are_schema_errors() {
     }));
     let p = format!("{AT}.properties[spec].x-kubernetes-validations");
     assert!(errs[0].starts_with(&format!("{AT}.properties[list].items.x-kubernetes-validations[0].rule: Invalid value: \"self == oldSelf\": oldSelf cannot be used on the uncorrelatable portion of the schema")), "{errs:#?}");
-    assert!(errs[1].starts_with(&format!("{p}[0].rule: Invalid value: \"self.a >\": compilation failed: ")), "{errs:#?}");
+    assert!(
+        errs[1].starts_with(&format!(
+            "{p}[0].rule: Invalid value: \"self.a >\": compilation failed: "
+        )),
+        "{errs:#?}"
+    );
     assert_eq!(
         errs[2..],
         [
@@ -568,7 +613,10 @@ fn cel_cost_is_bounded() {
             "x-kubernetes-validations": [{"rule": "self.all(a, self.all(b, self.all(c, a + b + c >= 0)))"}]
         }}}}
     }));
-    assert_eq!(errors(&s, object(json!({"xs": [1, 2, 3]}))), Vec::<String>::new());
+    assert_eq!(
+        errors(&s, object(json!({"xs": [1, 2, 3]}))),
+        Vec::<String>::new()
+    );
     let many: Vec<i64> = (0..200).collect();
     assert_eq!(
         errors(&s, object(json!({"xs": many}))),
@@ -589,11 +637,23 @@ fn openapi_keeps_descriptions_and_v2_drops_what_it_cannot_say() {
         }
     }));
     let v3 = s.openapi();
-    assert_eq!(v3["properties"]["spec"]["description"], json!("Desired state."));
-    assert_eq!(v3["properties"]["spec"]["properties"]["n"]["nullable"], json!(true));
+    assert_eq!(
+        v3["properties"]["spec"]["description"],
+        json!("Desired state.")
+    );
+    assert_eq!(
+        v3["properties"]["spec"]["properties"]["n"]["nullable"],
+        json!(true)
+    );
     let v2 = s.openapi_v2();
-    assert_eq!(v2["properties"]["spec"]["properties"]["n"], json!({"description": "Optional."}));
-    assert_eq!(v2["properties"]["spec"]["properties"]["size"], json!({"x-kubernetes-int-or-string": true}));
+    assert_eq!(
+        v2["properties"]["spec"]["properties"]["n"],
+        json!({"description": "Optional."})
+    );
+    assert_eq!(
+        v2["properties"]["spec"]["properties"]["size"],
+        json!({"x-kubernetes-int-or-string": true})
+    );
     assert_eq!(v2["description"], json!("A widget."));
 }
 
@@ -643,5 +703,9 @@ fn formats_accept_and_reject_as_kubernetes() {
         let f = Format::parse(name).unwrap_or_else(|| panic!("format {name}"));
         assert_eq!(f.accepts(value), *want, "{name} {value}");
     }
-    assert_eq!(Format::parse("int32"), None, "numeric formats constrain nothing");
+    assert_eq!(
+        Format::parse("int32"),
+        None,
+        "numeric formats constrain nothing"
+    );
 }

@@ -78,13 +78,23 @@ impl Validator {
         self.push(CauseType::Invalid, path, message);
     }
 
-    fn node(&mut self, node: &Node, value: &Value, old: Option<&Value>, path: &FieldPath, is_root: bool) {
+    fn node(
+        &mut self,
+        node: &Node,
+        value: &Value,
+        old: Option<&Value>,
+        path: &FieldPath,
+        is_root: bool,
+    ) {
         if value.is_null() {
             if node.nullable || (node.ty.is_none() && !node.int_or_string) {
                 return;
             }
             let want = node.ty.map_or("integer,string", Type::as_str);
-            let message = format!("Invalid value: \"null\": {} must be of type {want}: \"null\"", in_body(path));
+            let message = format!(
+                "Invalid value: \"null\": {} must be of type {want}: \"null\"",
+                in_body(path)
+            );
             self.push(CauseType::TypeInvalid, path, message);
             return;
         }
@@ -93,7 +103,9 @@ impl Validator {
         }
         self.checks(node, value, path);
         match value {
-            Value::Object(map) => self.object(node, map, old.and_then(Value::as_object), path, is_root),
+            Value::Object(map) => {
+                self.object(node, map, old.and_then(Value::as_object), path, is_root)
+            }
             Value::Array(items) => self.array(node, items, old.and_then(Value::as_array), path),
             _ => {}
         }
@@ -155,7 +167,11 @@ impl Validator {
                     self.push(CauseType::TooMany, path, too_many(n, max));
                 }
                 if let Some(min) = c.min_items.filter(|m| n < *m) {
-                    self.invalid(path, &n.to_string(), &format!("should have at least {min} items"));
+                    self.invalid(
+                        path,
+                        &n.to_string(),
+                        &format!("should have at least {min} items"),
+                    );
                 }
             }
             Value::Object(map) => {
@@ -164,11 +180,19 @@ impl Validator {
                     self.push(CauseType::TooMany, path, too_many(n, max));
                 }
                 if let Some(min) = c.min_properties.filter(|m| n < *m) {
-                    self.invalid(path, &n.to_string(), &format!("should have at least {min} properties"));
+                    self.invalid(
+                        path,
+                        &n.to_string(),
+                        &format!("should have at least {min} properties"),
+                    );
                 }
                 for name in &c.required {
                     if !map.contains_key(name) {
-                        self.push(CauseType::Required, &path.child(name), "Required value".into());
+                        self.push(
+                            CauseType::Required,
+                            &path.child(name),
+                            "Required value".into(),
+                        );
                     }
                 }
             }
@@ -190,7 +214,11 @@ impl Validator {
             );
         }
         if let Some(min) = c.min_length.filter(|m| chars < *m) {
-            self.invalid(path, &go_quote(s), &format!("should be at least {min} chars long"));
+            self.invalid(
+                path,
+                &go_quote(s),
+                &format!("should be at least {min} chars long"),
+            );
         }
         if let Some(p) = c.pattern.as_ref().filter(|p| !p.re.is_match(s)) {
             let what = format!("should match '{}'", p.source);
@@ -216,16 +244,32 @@ impl Validator {
         let shown = n.to_string();
         if let Some(max) = c.maximum.as_ref().and_then(Number::as_f64) {
             if c.exclusive_maximum && x >= max {
-                self.invalid(path, &shown, &format!("should be less than {}", go_float(max)));
+                self.invalid(
+                    path,
+                    &shown,
+                    &format!("should be less than {}", go_float(max)),
+                );
             } else if x > max {
-                self.invalid(path, &shown, &format!("should be less than or equal to {}", go_float(max)));
+                self.invalid(
+                    path,
+                    &shown,
+                    &format!("should be less than or equal to {}", go_float(max)),
+                );
             }
         }
         if let Some(min) = c.minimum.as_ref().and_then(Number::as_f64) {
             if c.exclusive_minimum && x <= min {
-                self.invalid(path, &shown, &format!("should be greater than {}", go_float(min)));
+                self.invalid(
+                    path,
+                    &shown,
+                    &format!("should be greater than {}", go_float(min)),
+                );
             } else if x < min {
-                self.invalid(path, &shown, &format!("should be greater than or equal to {}", go_float(min)));
+                self.invalid(
+                    path,
+                    &shown,
+                    &format!("should be greater than or equal to {}", go_float(min)),
+                );
             }
         }
         if let Some(m) = c.multiple_of.as_ref().and_then(Number::as_f64) {
@@ -237,7 +281,11 @@ impl Validator {
                 }
             };
             if !ok {
-                self.invalid(path, &shown, &format!("should be a multiple of {}", go_float(m)));
+                self.invalid(
+                    path,
+                    &shown,
+                    &format!("should be a multiple of {}", go_float(m)),
+                );
             }
         }
     }
@@ -258,8 +306,13 @@ impl Validator {
         if !c.any_of.is_empty() && !c.any_of.iter().any(|s| matches(s, value, path)) {
             self.invalid(path, "\"\"", "must validate at least one schema (anyOf)");
         }
-        if !c.one_of.is_empty() && c.one_of.iter().filter(|s| matches(s, value, path)).count() != 1 {
-            self.invalid(path, "\"\"", "must validate one and only one schema (oneOf)");
+        if !c.one_of.is_empty() && c.one_of.iter().filter(|s| matches(s, value, path)).count() != 1
+        {
+            self.invalid(
+                path,
+                "\"\"",
+                "must validate one and only one schema (oneOf)",
+            );
         }
         if let Some(not) = &c.not {
             if matches(not, value, path) {
@@ -308,7 +361,10 @@ impl Validator {
                 self.metadata(node.properties.get(name), v, &child);
                 continue;
             }
-            if (is_root || node.embedded) && (name == "apiVersion" || name == "kind") && !node.properties.contains_key(name) {
+            if (is_root || node.embedded)
+                && (name == "apiVersion" || name == "kind")
+                && !node.properties.contains_key(name)
+            {
                 continue;
             }
             if let Some(p) = node.properties.get(name) {
@@ -356,8 +412,14 @@ impl Validator {
             }
             Some(ListType::Map) => {
                 for (i, v) in items.iter().enumerate() {
-                    if items[..i].iter().any(|u| same_keys(&node.map_keys, item_schema, u, v)) {
-                        let message = format!("Duplicate value: {}", go_key_map(&node.map_keys, item_schema, v));
+                    if items[..i]
+                        .iter()
+                        .any(|u| same_keys(&node.map_keys, item_schema, u, v))
+                    {
+                        let message = format!(
+                            "Duplicate value: {}",
+                            go_key_map(&node.map_keys, item_schema, v)
+                        );
                         self.push(CauseType::Duplicate, &path.index(i), message);
                     }
                 }
@@ -385,7 +447,9 @@ fn go_key_map(keys: &[String], items: &Node, v: &Value) -> String {
     let mut fields: Vec<String> = keys
         .iter()
         .filter_map(|k| {
-            let value = v.get(k).or_else(|| items.properties.get(k).and_then(|p| p.default.as_ref()))?;
+            let value = v
+                .get(k)
+                .or_else(|| items.properties.get(k).and_then(|p| p.default.as_ref()))?;
             Some(format!("{}:{}", go_quote(k), go_value(value)))
         })
         .collect();
@@ -410,7 +474,12 @@ fn too_many(actual: u64, max: u64) -> String {
 /// An integer in JSON: a number without a fraction (`2` or `2.0`), as Go decodes it.
 pub(super) fn is_integer(v: &Value) -> bool {
     match v {
-        Value::Number(n) => n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0 && f.is_finite()),
+        Value::Number(n) => {
+            n.is_i64()
+                || n.is_u64()
+                || n.as_f64()
+                    .is_some_and(|f| f.fract() == 0.0 && f.is_finite())
+        }
         _ => false,
     }
 }
@@ -435,9 +504,13 @@ pub(super) fn json_eq(a: &Value, b: &Value) -> bool {
             (Some(x), Some(y)) => x == y,
             _ => x.as_f64() == y.as_f64(),
         },
-        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b)),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b))
+        }
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
         }
         _ => a == b,
     }
