@@ -398,6 +398,15 @@ fn embedded_resources_keep_type_and_object_meta() {
         obj["spec"]["template"],
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"image": "x"}})
     );
+    assert_eq!(errors(&s, obj), Vec::<String>::new());
+    let untyped = object(json!({"template": {"kind": "", "spec": {}}}));
+    assert_eq!(
+        errors(&s, untyped),
+        vec![
+            "spec.template.apiVersion: Required value: must not be empty",
+            "spec.template.kind: Invalid value: \"\": must not be empty",
+        ]
+    );
     assert_eq!(
         schema_errors(json!({"type": "object", "properties": {"e": {"x-kubernetes-embedded-resource": true}}})),
         vec![

@@ -354,6 +354,9 @@ impl Validator {
         path: &FieldPath,
         is_root: bool,
     ) {
+        if node.embedded {
+            self.embedded_type_meta(map, path);
+        }
         for (name, v) in map {
             let child = path.child(name);
             let old_v = old.and_then(|o| o.get(name));
@@ -371,6 +374,32 @@ impl Validator {
                 self.node(p, v, old_v, &child, false);
             } else if let Some(Additional::Schema(s)) = &node.additional {
                 self.node(s, v, old_v, &child, false);
+            }
+        }
+    }
+
+    /// An embedded resource names its kind: apiVersion and kind are required non-empty
+    /// strings (apiextensions' `validateEmbeddedResource`).
+    fn embedded_type_meta(&mut self, map: &Map<String, Value>, path: &FieldPath) {
+        for field in ["apiVersion", "kind"] {
+            let at = path.child(field);
+            match map.get(field) {
+                None => {
+                    let f = self.field(&at);
+                    self.errs
+                        .push(FieldError::required_because(f, "must not be empty"));
+                }
+                Some(Value::String(s)) if s.is_empty() => {
+                    let f = self.field(&at);
+                    self.errs
+                        .push(FieldError::invalid(f, "", "must not be empty"));
+                }
+                Some(Value::String(_)) => {}
+                Some(other) => {
+                    let f = self.field(&at);
+                    self.errs
+                        .push(FieldError::invalid_unquoted(f, other, "must be a string"));
+                }
             }
         }
     }
