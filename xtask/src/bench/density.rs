@@ -8,13 +8,12 @@
 //! Writes bench-results/density.{json,md} and density-rate.svg (copied to docs/bench/).
 
 use super::plot::{self, Chart, Series};
+use super::BenchCluster;
 use crate::setup::root;
 use anyhow::{bail, Result};
 use serde_json::json;
-use skiff_launcher::cluster::{Binaries, Cluster, Spec};
-use skiff_launcher::netns::unique_name;
+use skiff_launcher::cluster::Binaries;
 use skiff_tests::density::{self, Params, Report};
-use skiff_tests::subnet;
 
 #[derive(clap::Args)]
 pub struct Opts {
@@ -24,34 +23,21 @@ pub struct Opts {
 }
 
 fn one(binaries: &Binaries, replicas: usize) -> Result<Report> {
-    let lease = subnet::lease();
-    let name = unique_name("bdens");
-    let dir = std::env::temp_dir().join(&name);
-    let spec = Spec::new(
-        &name,
-        2,
-        &dir,
-        lease.cidr().parse().map_err(anyhow::Error::msg)?,
-        binaries.clone(),
+    let c = BenchCluster::up("bdens", binaries)?;
+    eprintln!(
+        "bench density: {replicas} pods on cluster {}",
+        c.state().name
     );
-    let c = Cluster::up(spec)?;
-    eprintln!("bench density: {replicas} pods on cluster {name}");
     let p = Params {
         replicas,
         scale_to: (replicas / 20).max(1),
         ..Params::default()
     };
-    let r = density::run(&c, &p).map_err(anyhow::Error::msg);
-    drop(c);
-    let _ = std::fs::remove_dir_all(&dir);
-    r
+    density::run(&c, &p).map_err(anyhow::Error::msg)
 }
 
 pub fn run_bench(opts: Opts) -> Result<()> {
-    crate::ebpf::build()?;
-    crate::images::all()?;
-    crate::up::build_release()?;
-    let binaries = Binaries::in_dir(&crate::images::target_dir().join("release"));
+    let binaries = super::release_binaries()?;
     let mut reports = Vec::new();
     for &n in &opts.replicas {
         let r = one(&binaries, n)?;

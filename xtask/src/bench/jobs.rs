@@ -11,13 +11,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use skiff_launcher::cluster::{Binaries, Cluster, Spec};
-use skiff_launcher::netns::unique_name;
+use skiff_launcher::cluster::Cluster;
 use skiff_launcher::registry::BUSYBOX_IMAGE;
 use skiff_tests::e2e;
-use skiff_tests::subnet;
 
 use super::plot::{self, Chart, Series};
+use super::BenchCluster;
 use crate::setup::root;
 
 #[derive(clap::Args)]
@@ -130,35 +129,14 @@ fn one(c: &Cluster, completions: usize, parallelism: usize) -> Result<Round> {
 }
 
 pub fn run_bench(opts: Opts) -> Result<()> {
-    crate::ebpf::build()?;
-    crate::images::all()?;
-    crate::up::build_release()?;
-    let binaries = Binaries::in_dir(&crate::images::target_dir().join("release"));
-    let lease = subnet::lease();
-    let name = unique_name("bjobs");
-    let dir = std::env::temp_dir().join(&name);
-    let spec = Spec::new(
-        &name,
-        2,
-        &dir,
-        lease.cidr().parse().map_err(anyhow::Error::msg)?,
-        binaries,
-    );
-    let c = Cluster::up(spec)?;
-    let mut rounds = Vec::new();
-    let mut result = Ok(());
-    for &n in &opts.completions {
-        match one(&c, n, opts.parallelism) {
-            Ok(r) => rounds.push(r),
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
-    }
-    drop(c);
-    let _ = std::fs::remove_dir_all(&dir);
-    result?;
+    let binaries = super::release_binaries()?;
+    let rounds = {
+        let c = BenchCluster::up("bjobs", &binaries)?;
+        opts.completions
+            .iter()
+            .map(|&n| one(&c, n, opts.parallelism))
+            .collect::<Result<Vec<_>>>()?
+    };
     let Some(base) = rounds.first() else {
         bail!("no sizes given");
     };

@@ -62,3 +62,62 @@ pub async fn client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
             .await?;
     Ok(kube::Client::try_from(config)?)
 }
+
+/// The release binaries a cluster bench runs: the eBPF object, the images and the release
+/// build first, so a bench never measures a stale or debug binary.
+pub fn release_binaries() -> anyhow::Result<skiff_launcher::cluster::Binaries> {
+    crate::ebpf::build()?;
+    crate::images::all()?;
+    crate::up::build_release()?;
+    Ok(skiff_launcher::cluster::Binaries::in_dir(
+        &crate::images::target_dir().join("release"),
+    ))
+}
+
+/// A fresh 2-node cluster on a subnet of its own, named `<prefix>-...`; torn down and its
+/// state directory removed on Drop.
+pub struct BenchCluster {
+    cluster: Option<skiff_launcher::cluster::Cluster>,
+    dir: std::path::PathBuf,
+    /// Held while the cluster lives.
+    _lease: skiff_tests::subnet::SubnetLease,
+}
+
+impl BenchCluster {
+    pub fn up(
+        prefix: &str,
+        binaries: &skiff_launcher::cluster::Binaries,
+    ) -> anyhow::Result<BenchCluster> {
+        let lease = skiff_tests::subnet::lease();
+        let name = skiff_launcher::netns::unique_name(prefix);
+        let dir = std::env::temp_dir().join(&name);
+        let spec = skiff_launcher::cluster::Spec::new(
+            &name,
+            2,
+            &dir,
+            lease.cidr().parse().map_err(anyhow::Error::msg)?,
+            binaries.clone(),
+        );
+        let cluster = skiff_launcher::cluster::Cluster::up(spec)?;
+        Ok(BenchCluster {
+            cluster: Some(cluster),
+            dir,
+            _lease: lease,
+        })
+    }
+}
+
+impl std::ops::Deref for BenchCluster {
+    type Target = skiff_launcher::cluster::Cluster;
+    fn deref(&self) -> &Self::Target {
+        self.cluster.as_ref().expect("present until Drop")
+    }
+}
+
+impl Drop for BenchCluster {
+    fn drop(&mut self) {
+        // The cluster's processes and interfaces first, then its files.
+        drop(self.cluster.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
