@@ -89,6 +89,11 @@ impl DeleteOptions {
             .and_then(|p| p.resource_version.as_deref())
     }
 
+    /// The client's uid precondition, if it set one.
+    pub(super) fn uid_precondition(&self) -> Option<&str> {
+        self.preconditions.as_ref().and_then(|p| p.uid.as_deref())
+    }
+
     /// Deletes only the object at `rv` (the eviction's guard against a pod that changed).
     pub(super) fn set_resource_version_precondition(&mut self, rv: Option<&str>) {
         self.preconditions

@@ -7,6 +7,9 @@
 //! same disruption) and the pod is deleted gracefully. A pod that is not Ready does not spend
 //! a disruption when the budget is healthy (or its policy is AlwaysAllow); its delete then
 //! carries the pod's resourceVersion so a pod that became Ready meanwhile is not lost.
+//! Every delete is preceded, as in Kubernetes 1.33, by the DisruptionTarget condition
+//! (reason EvictionByEvictionAPI) written to the pod's status, so its controller and the
+//! disruption controller can tell an eviction from a failure.
 
 use std::sync::Arc;
 
@@ -63,7 +66,7 @@ pub async fn evict(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, 
             if enforces_resource_version(&pod) && !own_precondition {
                 o.set_resource_version_precondition(meta::resource_version(&pod));
             }
-            match delete_object(ctx, call, name, &o).await {
+            match disrupt_and_delete(ctx, call, name, &o).await {
                 Err(e) if e.reason == Reason::Conflict && !own_precondition => last = Some(e),
                 Err(e) => return Err(e),
                 Ok(_) => return success(),
@@ -104,7 +107,7 @@ pub async fn evict(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, 
         if spend {
             check_and_decrement(ctx, &pod, &budget_name, name, dry_run).await?;
         } else {
-            return match delete_object(ctx, call, name, &opts).await {
+            return match disrupt_and_delete(ctx, call, name, &opts).await {
                 Err(e) if e.reason == Reason::Conflict && !own_precondition => {
                     Err(too_many_requests_processing(&budget_name))
                 }
@@ -113,8 +116,137 @@ pub async fn evict(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, 
             };
         }
     }
-    delete_object(ctx, call, name, &opts).await?;
+    disrupt_and_delete(ctx, call, name, &opts).await?;
     success()
+}
+
+/// The condition an eviction adds before it deletes.
+const DISRUPTION_TARGET: &str = "DisruptionTarget";
+const EVICTION_REASON: &str = "EvictionByEvictionAPI";
+const EVICTION_MESSAGE: &str = "Eviction API: evicting";
+
+/// Kubernetes' addConditionAndDeletePod: the DisruptionTarget condition on the latest pod
+/// (the delete's preconditions checked against it), then the delete, its resourceVersion
+/// precondition moved to the revision the condition wrote. A dry run writes neither.
+async fn disrupt_and_delete(
+    ctx: &Ctx,
+    call: &Call<'_>,
+    name: &str,
+    opts: &DeleteOptions,
+) -> Result<Value, ApiError> {
+    if opts.is_dry_run() {
+        return delete_object(ctx, call, name, opts).await;
+    }
+    let rv = mark_disruption_target(ctx, call, name, opts).await?;
+    let mut opts = opts.clone();
+    if opts.resource_version_precondition().is_some() {
+        opts.set_resource_version_precondition(Some(&rv));
+    }
+    delete_object(ctx, call, name, &opts).await
+}
+
+/// Writes DisruptionTarget=True to the pod's status (a status-only write the server makes
+/// itself, as Kubernetes' eviction updates through the pod status store); returns the pod's
+/// resourceVersion afterwards.
+async fn mark_disruption_target(
+    ctx: &Ctx,
+    call: &Call<'_>,
+    name: &str,
+    opts: &DeleteOptions,
+) -> Result<String, ApiError> {
+    let r = call.resource;
+    for _ in 0..RETRIES {
+        let (mut pod, rev) = current(ctx, call, name).await?;
+        if let Some(uid) = opts.uid_precondition() {
+            let actual = meta::uid(&pod).unwrap_or_default();
+            if actual != uid {
+                return Err(ApiError::conflict(r.group, r.plural, name, &format!(
+                    "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
+                )));
+            }
+        }
+        if let Some(want) = opts.resource_version_precondition() {
+            let actual = meta::resource_version(&pod).unwrap_or_default();
+            if actual != want {
+                return Err(ApiError::conflict(r.group, r.plural, name, &format!(
+                    "the ResourceVersion in the precondition ({want}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
+                )));
+            }
+        }
+        if !set_disruption_target(&mut pod, &meta::now()) {
+            return Ok(meta::resource_version(&pod).unwrap_or_default().to_string());
+        }
+        let op = WriteOp::Put {
+            key: call.key(name),
+            value: conversion::stored_bytes(r, &pod)?,
+            precondition: Precondition::ModRevision(rev),
+        };
+        match ctx.store.write(op).await {
+            Ok(w) => {
+                ctx.metrics.wrote(r.plural, "update");
+                meta::set_resource_version(&mut pod, w.revision);
+                return Ok(meta::resource_version(&pod).unwrap_or_default().to_string());
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(store_error(r, name, e)),
+        }
+    }
+    Err(ApiError::conflict(
+        r.group,
+        r.plural,
+        name,
+        "too many concurrent writes; please retry",
+    ))
+}
+
+/// Sets DisruptionTarget=True (reason EvictionByEvictionAPI) as Kubernetes'
+/// UpdatePodCondition does: the transition time moves only when the status changes. Returns
+/// whether anything changed.
+fn set_disruption_target(pod: &mut Value, now: &str) -> bool {
+    let wanted = json!({
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": EVICTION_REASON,
+        "message": EVICTION_MESSAGE,
+    });
+    let Some(status) = pod
+        .as_object_mut()
+        .map(|o| o.entry("status").or_insert_with(|| json!({})))
+    else {
+        return false;
+    };
+    if !status.is_object() {
+        *status = json!({});
+    }
+    if !status["conditions"].is_array() {
+        status["conditions"] = json!([]);
+    }
+    let Some(conditions) = status["conditions"].as_array_mut() else {
+        return false;
+    };
+    match conditions
+        .iter_mut()
+        .find(|c| c["type"] == DISRUPTION_TARGET)
+    {
+        Some(c) => {
+            let same_status = c["status"] == wanted["status"];
+            if same_status && c["reason"] == wanted["reason"] && c["message"] == wanted["message"] {
+                return false;
+            }
+            c["reason"] = wanted["reason"].clone();
+            c["message"] = wanted["message"].clone();
+            if !same_status {
+                c["status"] = wanted["status"].clone();
+                c["lastTransitionTime"] = json!(now);
+            }
+        }
+        None => {
+            let mut c = wanted;
+            c["lastTransitionTime"] = json!(now);
+            conditions.push(c);
+        }
+    }
+    true
 }
 
 /// The Success Status Kubernetes answers an eviction with (201).
@@ -317,6 +449,32 @@ mod tests {
         assert!(!enforces_resource_version(
             &json!({"status": {"phase": "Succeeded"}})
         ));
+    }
+
+    #[test]
+    fn the_disruption_target_condition_is_added_once() {
+        let mut pod = json!({"metadata": {"name": "p"}, "status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}]}});
+        assert!(set_disruption_target(&mut pod, "2026-12-02T17:00:00Z"));
+        let c = &pod["status"]["conditions"][1];
+        assert_eq!(c["type"], "DisruptionTarget");
+        assert_eq!(c["status"], "True");
+        assert_eq!(c["reason"], "EvictionByEvictionAPI");
+        assert_eq!(c["message"], "Eviction API: evicting");
+        assert_eq!(c["lastTransitionTime"], "2026-12-02T17:00:00Z");
+        assert!(!set_disruption_target(&mut pod, "2026-12-02T18:00:00Z"));
+        // A preemption's condition is taken over, keeping its transition time.
+        let mut preempted = json!({"status": {"conditions": [{"type": "DisruptionTarget",
+            "status": "True", "reason": "PreemptionByScheduler",
+            "lastTransitionTime": "2026-12-02T16:00:00Z"}]}});
+        assert!(set_disruption_target(
+            &mut preempted,
+            "2026-12-02T17:00:00Z"
+        ));
+        let c = &preempted["status"]["conditions"][0];
+        assert_eq!(c["reason"], "EvictionByEvictionAPI");
+        assert_eq!(c["lastTransitionTime"], "2026-12-02T16:00:00Z");
+        assert!(set_disruption_target(&mut json!({}), "t"));
     }
 
     #[test]
