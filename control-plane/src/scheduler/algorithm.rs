@@ -80,16 +80,27 @@ impl std::fmt::Display for Failure {
 }
 
 /// The per-cycle results of the pre-filters.
-struct Cycle<'a> {
-    pod: &'a PodInfo,
-    cache: &'a Cache,
+pub(super) struct Cycle<'a> {
+    pub(super) pod: &'a PodInfo,
+    pub(super) cache: &'a Cache,
     spread: Option<pod_topology_spread::FilterState>,
     affinity: Option<inter_pod_affinity::FilterState>,
 }
 
-impl Cycle<'_> {
+impl<'a> Cycle<'a> {
+    /// Runs the pre-filters that look at the whole cluster (topology spread, inter-pod
+    /// affinity) once for `pod`.
+    pub(super) fn new(pod: &'a PodInfo, cache: &'a Cache) -> Cycle<'a> {
+        Cycle {
+            pod,
+            cache,
+            spread: pod_topology_spread::pre_filter(pod, cache),
+            affinity: inter_pod_affinity::pre_filter(pod, cache),
+        }
+    }
+
     /// The filters in kube-scheduler's order; the first rejection ends the node's evaluation.
-    fn filter(&self, node: &NodeInfo) -> Result<(), Rejection> {
+    fn filter_alone(&self, node: &NodeInfo) -> Result<(), Rejection> {
         let pod = self.pod;
         node_unschedulable::filter(pod, node)?;
         node_name::filter(pod, node)?;
@@ -104,6 +115,30 @@ impl Cycle<'_> {
             inter_pod_affinity::filter(s, pod, node, self.cache)?;
         }
         Ok(())
+    }
+
+    /// The filters with the pods nominated to the node counted as if they ran there, then
+    /// without them (kube-scheduler's RunFilterPluginsWithNominatedPods): a pod that
+    /// preemption made room for keeps that room against pods of lower or equal priority,
+    /// and a pod must fit whether or not the nominated ones arrive. Only nodes with
+    /// nominations pay for the copy.
+    pub(super) fn filter(&self, node: &NodeInfo) -> Result<(), Rejection> {
+        let pod = self.pod;
+        let mut nominated = self
+            .cache
+            .nominated_on(node.name())
+            .iter()
+            .filter(|p| p.priority >= pod.priority && p.uid != pod.uid)
+            .peekable();
+        if nominated.peek().is_none() {
+            return self.filter_alone(node);
+        }
+        let mut with = node.clone();
+        for p in nominated {
+            with.add_pod(p.clone());
+        }
+        self.filter_alone(&with)?;
+        self.filter_alone(node)
     }
 }
 
@@ -160,12 +195,22 @@ impl Algorithm {
                 }));
             }
         };
-        let cycle = Cycle {
-            pod,
-            cache,
-            spread: pod_topology_spread::pre_filter(pod, cache),
-            affinity: inter_pod_affinity::pre_filter(pod, cache),
-        };
+        let cycle = Cycle::new(pod, cache);
+        // A pod preemption nominated to a node tries that node first and takes it if it
+        // fits (kube-scheduler's evaluateNominatedNode).
+        if let Some(name) = nominated_node(cache, pod) {
+            let allowed = pinned.as_ref().is_none_or(|names| names.contains(name));
+            if let Some(node) = cache.node(name).filter(|_| allowed) {
+                if cycle.filter(node).is_ok() {
+                    self.last.filter = started.elapsed();
+                    return Ok(Decision {
+                        node: name.to_string(),
+                        evaluated: 1,
+                        feasible: 1,
+                    });
+                }
+            }
+        }
         let mut feasible: Vec<&NodeInfo> = Vec::new();
         let evaluated;
         match pinned {
@@ -228,6 +273,18 @@ impl Algorithm {
             feasible: feasible.len(),
         })
     }
+}
+
+/// The node preemption nominated `pod` to: the scheduler's own record, else the pod's
+/// status (a nomination made before this scheduler started).
+pub fn nominated_node<'a>(cache: &'a Cache, pod: &'a PodInfo) -> Option<&'a str> {
+    cache.nominated_node(&pod.uid).or_else(|| {
+        pod.pod
+            .status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .filter(|n| !n.is_empty())
+    })
 }
 
 /// Weighted, normalised totals of every score plugin for each feasible node.

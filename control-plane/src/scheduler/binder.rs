@@ -1,15 +1,32 @@
 //! The scheduler's writes, all through the API: the binding (`POST pods/{name}/binding`,
-//! kube-scheduler's DefaultBinder) and, for a pod no node fits, the PodScheduled=False
-//! condition with the reason (what `kubectl describe` and `kubectl get pods` show).
+//! kube-scheduler's DefaultBinder); for a pod no node fits, the PodScheduled=False
+//! condition with the reason (what `kubectl describe` and `kubectl get pods` show) and the
+//! node preemption nominated it to; and the preemption of a victim (its DisruptionTarget
+//! condition, then a graceful delete).
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Status, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
 use serde_json::json;
 
 use super::pod_info::PodInfo;
+use super::preemption::{DISRUPTION_TARGET, REASON_PREEMPTION};
+
+/// What a failed cycle does to the pod's `status.nominatedNodeName`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Nomination {
+    Keep,
+    /// Preemption made room on this node.
+    Set(String),
+    /// Preemption can no longer help; a nomination is withdrawn.
+    Clear,
+}
+
+fn gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
 
 /// Writes bindings and pod conditions.
 #[derive(Clone)]
@@ -54,27 +71,37 @@ impl Binder {
             .map(|_| ())
     }
 
-    /// Sets PodScheduled=False, reason Unschedulable, with `message`, unless the pod already
-    /// says exactly that (a retry that fails the same way writes nothing).
+    /// Sets PodScheduled=False, reason Unschedulable, with `message`, and the nomination,
+    /// unless the pod already says exactly that (a retry that fails the same way writes
+    /// nothing).
     pub async fn mark_unschedulable(
         &self,
         pod: &PodInfo,
         message: &str,
+        nomination: &Nomination,
     ) -> Result<(), kube::Error> {
-        let current = pod
-            .pod
-            .status
-            .as_ref()
+        let status = pod.pod.status.as_ref();
+        let current = status
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
-        if current.is_some_and(|c| {
-            c.status == "False"
-                && c.reason.as_deref() == Some("Unschedulable")
-                && c.message.as_deref() == Some(message)
-        }) {
+        let nominated = status
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .filter(|n| !n.is_empty());
+        let nomination_holds = match nomination {
+            Nomination::Keep => true,
+            Nomination::Set(n) => nominated == Some(n.as_str()),
+            Nomination::Clear => nominated.is_none(),
+        };
+        if nomination_holds
+            && current.is_some_and(|c| {
+                c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+                    && c.message.as_deref() == Some(message)
+            })
+        {
             return Ok(());
         }
-        let patch = json!({"status": {"conditions": [{
+        let mut patch = json!({"status": {"conditions": [{
             "type": "PodScheduled",
             "status": "False",
             "reason": "Unschedulable",
@@ -82,6 +109,11 @@ impl Binder {
             "lastProbeTime": null,
             "lastTransitionTime": Time(Timestamp::now()),
         }]}});
+        match nomination {
+            Nomination::Keep => {}
+            Nomination::Set(n) => patch["status"]["nominatedNodeName"] = json!(n),
+            Nomination::Clear => patch["status"]["nominatedNodeName"] = json!(null),
+        }
         self.api(pod)
             .patch_status(
                 pod.name(),
@@ -90,5 +122,62 @@ impl Binder {
             )
             .await
             .map(|_| ())
+    }
+
+    /// Withdraws the pod's nomination (it bound elsewhere, or a more important pod took
+    /// the node).
+    pub async fn clear_nomination(&self, pod: &PodInfo) -> Result<(), kube::Error> {
+        let patch = json!({"status": {"nominatedNodeName": null}});
+        match self
+            .api(pod)
+            .patch_status(
+                pod.name(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Err(e) if !gone(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Preempts `victim` as kube-scheduler does: the DisruptionTarget condition first (so
+    /// the pod's controller and the disruption controller know why it goes), then a
+    /// graceful delete (the pod's own terminationGracePeriodSeconds), guarded by its uid.
+    /// A victim already gone is no error.
+    pub async fn preempt(&self, victim: &PodInfo, scheduler_name: &str) -> Result<(), kube::Error> {
+        let patch = json!({"status": {"conditions": [{
+            "type": DISRUPTION_TARGET,
+            "status": "True",
+            "reason": REASON_PREEMPTION,
+            "message": format!("{scheduler_name}: preempting to accommodate a higher priority pod"),
+            "lastProbeTime": null,
+            "lastTransitionTime": Time(Timestamp::now()),
+        }]}});
+        let api = self.api(victim);
+        match api
+            .patch_status(
+                victim.name(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Err(e) if gone(&e) => return Ok(()),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(victim.uid.0.to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(victim.name(), &dp).await {
+            Err(e) if !gone(&e) => Err(e),
+            _ => Ok(()),
+        }
     }
 }

@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::node_info::NodeInfo;
 use super::pod_info::{PodInfo, PodUid};
+use super::preemption::Budget;
 
 /// How many nodes hold an image and how large it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +118,13 @@ pub struct Cache {
     /// Nodes hosting a pod with (anti-)affinity terms, and with required anti-affinity terms.
     affinity_nodes: HashSet<Arc<str>>,
     anti_affinity_nodes: HashSet<Arc<str>>,
+    /// PodDisruptionBudgets by namespace, then name (preemption spares the pods they protect).
+    budgets: HashMap<String, BTreeMap<String, Arc<Budget>>>,
+    /// Pending pods that preemption nominated to a node, per node, and each one's node
+    /// (kube-scheduler's nominator): their resources count when pods of lower or equal
+    /// priority are tried on that node.
+    nominated: HashMap<Arc<str>, Vec<Arc<PodInfo>>>,
+    nominations: HashMap<PodUid, Arc<str>>,
 }
 
 impl Cache {
@@ -374,6 +382,65 @@ impl Cache {
 
     pub fn image(&self, name: &str) -> Option<ImageSummary> {
         self.images.get(name).copied()
+    }
+
+    /// Adds or replaces a PodDisruptionBudget.
+    pub fn upsert_budget(&mut self, budget: Budget) {
+        self.budgets
+            .entry(budget.namespace.clone())
+            .or_default()
+            .insert(budget.name.clone(), Arc::new(budget));
+    }
+
+    pub fn remove_budget(&mut self, namespace: &str, name: &str) {
+        if let Some(m) = self.budgets.get_mut(namespace) {
+            m.remove(name);
+            if m.is_empty() {
+                self.budgets.remove(namespace);
+            }
+        }
+    }
+
+    /// The budgets of one namespace.
+    pub fn budgets_in(&self, namespace: &str) -> impl Iterator<Item = &Arc<Budget>> {
+        self.budgets
+            .get(namespace)
+            .into_iter()
+            .flat_map(|m| m.values())
+    }
+
+    /// Nominates pending `pod` to `node` (replacing an earlier nomination and the pod's older
+    /// version).
+    pub fn nominate(&mut self, pod: Arc<PodInfo>, node: &str) {
+        self.clear_nomination(&pod.uid);
+        let key: Arc<str> = match self.nodes.get_key_value(node) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(node),
+        };
+        self.nominations.insert(pod.uid.clone(), key.clone());
+        self.nominated.entry(key).or_default().push(pod);
+    }
+
+    /// Drops the pod's nomination; returns the node it was nominated to.
+    pub fn clear_nomination(&mut self, uid: &PodUid) -> Option<Arc<str>> {
+        let node = self.nominations.remove(uid)?;
+        if let Some(list) = self.nominated.get_mut(&node) {
+            list.retain(|p| &p.uid != uid);
+            if list.is_empty() {
+                self.nominated.remove(&node);
+            }
+        }
+        Some(node)
+    }
+
+    /// The node `uid` is nominated to.
+    pub fn nominated_node(&self, uid: &PodUid) -> Option<&str> {
+        self.nominations.get(uid).map(|n| &**n)
+    }
+
+    /// Pods nominated to `node`.
+    pub fn nominated_on(&self, node: &str) -> &[Arc<PodInfo>] {
+        self.nominated.get(node).map_or(&[], |v| v.as_slice())
     }
 }
 

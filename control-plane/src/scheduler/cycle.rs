@@ -1,8 +1,11 @@
 //! The scheduling and binding cycles of one pod (kube-scheduler's `ScheduleOne`): the loop
 //! thread pops a pod, decides under the cache lock, assumes the pod on the chosen node, and
 //! hands the binding to a task on the async runtime so the next decision starts at once. A
-//! failed binding forgets the assumption and backs the pod off; a pod no node fits is parked
-//! with a FailedScheduling event and PodScheduled=False.
+//! failed binding forgets the assumption and backs the pod off. A pod no node fits runs
+//! preemption (still under the lock, so the nomination is in the cache before the next
+//! decision); victims are then marked and deleted, and the pod is parked with a
+//! FailedScheduling event, PodScheduled=False and its nominatedNodeName, until the victims'
+//! deletion brings it back.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -11,12 +14,33 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::algorithm::{Algorithm, Decision, Failure};
-use super::binder::Binder;
+use super::algorithm::{nominated_node, Algorithm, Decision, Failure};
+use super::binder::{Binder, Nomination};
 use super::cache::Cache;
 use super::metrics::{AttemptResult, Metrics, Phase};
+use super::pod_info::PodInfo;
+use super::preemption::{self, Outcome};
 use super::queue::{QueuedPod, SchedulingQueue};
 use crate::runtime::{EventType, Recorder};
+
+/// What preemption asks the API to do after a failed cycle.
+struct PostFilter {
+    nomination: Nomination,
+    /// Node and victims to preempt there.
+    victims: Option<(String, Vec<Arc<PodInfo>>)>,
+    /// Pods of lower priority that lose their nomination to the preemptor.
+    withdrawn: Vec<Arc<PodInfo>>,
+}
+
+impl PostFilter {
+    fn none() -> PostFilter {
+        PostFilter {
+            nomination: Nomination::Keep,
+            victims: None,
+            withdrawn: Vec::new(),
+        }
+    }
+}
 
 /// The state the informer handlers, the loop and the binding tasks share.
 pub struct Scheduler {
@@ -77,13 +101,46 @@ impl Scheduler {
         let started = Instant::now();
         self.metrics
             .queue_wait(started.saturating_duration_since(qp.activated));
-        let result = {
+        let (result, post) = {
             let mut cache = self.cache();
             let r = algorithm.schedule(&mut cache, &pod);
-            if let Ok(d) = &r {
-                cache.assume(pod.clone(), &d.node);
+            let mut post = PostFilter::none();
+            match r {
+                Ok(d) => {
+                    cache.clear_nomination(&pod.uid);
+                    cache.assume(pod.clone(), &d.node);
+                    (Ok(d), post)
+                }
+                Err(Failure::Unfit(mut e)) => {
+                    self.metrics.preemption_attempt();
+                    let offset = rand::random_range(0..cache.node_count().max(1));
+                    let outcome = preemption::preempt(&mut cache, &pod, offset);
+                    e.diagnosis.post_filter = outcome.message();
+                    match outcome {
+                        Outcome::Preempt {
+                            candidate,
+                            lower_nominated,
+                        } => {
+                            cache.nominate(pod.clone(), &candidate.node);
+                            for p in &lower_nominated {
+                                cache.clear_nomination(&p.uid);
+                            }
+                            post.nomination = Nomination::Set(candidate.node.clone());
+                            post.victims = Some((candidate.node, candidate.victims));
+                            post.withdrawn = lower_nominated;
+                        }
+                        Outcome::NoCandidate(_) => {
+                            if nominated_node(&cache, &pod).is_some() {
+                                post.nomination = Nomination::Clear;
+                            }
+                            cache.clear_nomination(&pod.uid);
+                        }
+                        Outcome::Ineligible(_) => {}
+                    }
+                    (Err(Failure::Unfit(e)), post)
+                }
+                Err(f) => (Err(f), post),
             }
-            r
         };
         let times = algorithm.last_phase_times();
         self.metrics.algorithm(started.elapsed());
@@ -96,7 +153,7 @@ impl Scheduler {
                 let me = self.clone();
                 rt.spawn(async move { me.bind(qp, decision, started).await });
             }
-            Err(failure) => self.unschedulable(rt, qp, failure, started),
+            Err(failure) => self.unschedulable(rt, qp, failure, started, post),
         }
     }
 
@@ -106,6 +163,7 @@ impl Scheduler {
         qp: QueuedPod,
         failure: Failure,
         started: Instant,
+        post: PostFilter,
     ) {
         let pod = qp.info;
         let message = failure.to_string();
@@ -120,12 +178,50 @@ impl Scheduler {
             "FailedScheduling",
             message.clone(),
         );
-        let binder = self.binder.clone();
+        if let Some((node, victims)) = &post.victims {
+            self.metrics.preemption_victims(victims.len());
+            tracing::info!(pod = %pod.key(), node = %node, victims = victims.len(), "preempting");
+        }
+        let me = self.clone();
         rt.spawn(async move {
-            if let Err(e) = binder.mark_unschedulable(&pod, &message).await {
+            if let Some((node, victims)) = &post.victims {
+                me.preempt(&pod, node, victims).await;
+            }
+            for p in &post.withdrawn {
+                if let Err(e) = me.binder.clear_nomination(p).await {
+                    tracing::warn!(pod = %p.key(), error = %e, "withdrawing a nomination failed");
+                }
+            }
+            if let Err(e) = me
+                .binder
+                .mark_unschedulable(&pod, &message, &post.nomination)
+                .await
+            {
                 tracing::debug!(pod = %pod.key(), error = %e, "setting PodScheduled=False failed");
             }
         });
+    }
+
+    /// Marks and deletes the victims (concurrently, as kube-scheduler's prepareCandidate),
+    /// each with a Preempted event naming the preemptor.
+    async fn preempt(&self, preemptor: &PodInfo, node: &str, victims: &[Arc<PodInfo>]) {
+        let jobs = victims.iter().map(|v| async move {
+            match self.binder.preempt(v, preemptor.scheduler_name()).await {
+                Ok(()) => {
+                    tracing::info!(victim = %v.key(), preemptor = %preemptor.key(), node, "preempted");
+                    self.recorder.event(
+                        v.pod.as_ref(),
+                        EventType::Normal,
+                        "Preempted",
+                        format!("Preempted by pod {} on node {node}", preemptor.uid),
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(victim = %v.key(), error = %e, "preempting a victim failed");
+                }
+            }
+        });
+        futures::future::join_all(jobs).await;
     }
 
     async fn bind(self: Arc<Self>, qp: QueuedPod, decision: Decision, started: Instant) {
@@ -153,6 +249,18 @@ impl Scheduler {
                     "Scheduled",
                     format!("Successfully assigned {} to {}", pod.key(), decision.node),
                 );
+                // A nomination to another node no longer holds room for anyone.
+                let nominated = pod
+                    .pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.nominated_node_name.as_deref())
+                    .filter(|n| !n.is_empty());
+                if nominated.is_some_and(|n| n != decision.node) {
+                    if let Err(e) = self.binder.clear_nomination(&pod).await {
+                        tracing::debug!(pod = %pod.key(), error = %e, "clearing the nomination failed");
+                    }
+                }
             }
             Err(e) => {
                 self.cache().forget(&pod.uid);

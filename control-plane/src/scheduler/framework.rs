@@ -122,6 +122,8 @@ pub struct Diagnosis {
     pub plugins: PluginSet,
     /// Set when a plugin rejected the pod before looking at any node.
     pub pre_filter: Option<String>,
+    /// What preemption (the PostFilter) said when it could not help, "preemption: ...".
+    pub post_filter: Option<String>,
 }
 
 impl Diagnosis {
@@ -139,6 +141,13 @@ impl Diagnosis {
             *self.reasons.entry(reason).or_default() += nodes;
         }
     }
+
+    /// Counts one node as rejected for each of `reasons` (preemption's verdicts).
+    pub fn record_reasons(&mut self, reasons: impl IntoIterator<Item = Cow<'static, str>>) {
+        for reason in reasons {
+            *self.reasons.entry(reason).or_default() += 1;
+        }
+    }
 }
 
 /// No node can take the pod.
@@ -154,8 +163,21 @@ impl fmt::Display for FitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "0/{} nodes are available:", self.nodes)?;
         if let Some(msg) = &self.diagnosis.pre_filter {
-            return write!(f, " {msg}.");
+            write!(f, " {msg}.")?;
+        } else {
+            self.fmt_reasons(f)?;
         }
+        // Preemption's message ends in its own period: "... 2 Insufficient cpu. preemption:
+        // 0/2 nodes are available: 2 No preemption victims found for incoming pod."
+        if let Some(msg) = &self.diagnosis.post_filter {
+            write!(f, " {msg}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FitError {
+    fn fmt_reasons(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts: Vec<String> = self
             .diagnosis
             .reasons

@@ -3,16 +3,21 @@
 //! pending (the queue, if it names this scheduler), a pod with one is bound (the cache). A
 //! binding arrives as one ordered update, so the queue drops the pod in the same step as the
 //! cache confirms it. Node, assigned-pod and namespace changes become cluster events that may
-//! move parked pods back to the queue.
+//! move parked pods back to the queue. A pending pod's `status.nominatedNodeName` is the
+//! nominator's (kube-scheduler keeps it in the queue; here the cache, read under the same
+//! lock as the nodes); binding or deletion ends the nomination. PodDisruptionBudgets are kept
+//! for preemption.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
 use super::cycle::Scheduler;
 use super::hints::{node_update_matters, ClusterEvent};
 use super::pod_info::{PodInfo, PodUid};
+use super::preemption::Budget;
 use crate::runtime::Change;
 
 fn assigned(p: &Pod) -> bool {
@@ -53,15 +58,38 @@ impl Scheduler {
         let info = Arc::new(PodInfo::new(pod.clone()));
         if finished(pod) || !self.ours(&info) {
             self.queue.delete(&info.uid);
+            self.cache().clear_nomination(&info.uid);
         } else {
+            self.nominate(&info);
             self.queue.add(info);
         }
+    }
+
+    /// Records the nomination the pod's status names, or refreshes the pod a nomination the
+    /// cache holds already (preemption records it before its status write comes back).
+    fn nominate(&self, info: &Arc<PodInfo>) {
+        let named = info
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .filter(|n| !n.is_empty());
+        let mut cache = self.cache();
+        let node = match named {
+            Some(n) => n.to_string(),
+            None => match cache.nominated_node(&info.uid) {
+                Some(n) => n.to_string(),
+                None => return,
+            },
+        };
+        cache.nominate(info.clone(), &node);
     }
 
     fn bound(&self, pod: &Arc<Pod>) {
         let info = Arc::new(PodInfo::new(pod.clone()));
         let (previous, was_assumed) = {
             let mut cache = self.cache();
+            cache.clear_nomination(&info.uid);
             let was_assumed = cache.is_assumed(&info.uid);
             (cache.upsert_pod(info.clone()), was_assumed)
         };
@@ -77,7 +105,11 @@ impl Scheduler {
     fn gone(&self, pod: &Pod) {
         let uid = uid(pod);
         self.queue.delete(&uid);
-        let removed = self.cache().remove_pod(&uid);
+        let removed = {
+            let mut cache = self.cache();
+            cache.clear_nomination(&uid);
+            cache.remove_pod(&uid)
+        };
         if let Some(info) = removed {
             self.event(ClusterEvent::PodDeleted(info));
         }
@@ -120,6 +152,17 @@ impl Scheduler {
                 self.cache().remove_node(&n.name_any());
                 self.event(ClusterEvent::NodeDeleted(n.clone()));
             }
+        }
+    }
+
+    pub fn on_budget(&self, change: &Change<PodDisruptionBudget>) {
+        match change {
+            Change::Added(b) | Change::Updated { new: b, .. } => {
+                self.cache().upsert_budget(Budget::new(b));
+            }
+            Change::Deleted(b) => self
+                .cache()
+                .remove_budget(&b.namespace().unwrap_or_default(), &b.name_any()),
         }
     }
 

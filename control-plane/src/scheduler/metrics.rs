@@ -1,7 +1,7 @@
 //! The scheduler's Prometheus metrics, named as kube-scheduler names them where it has them:
 //! attempts by result, attempt / algorithm / binding durations, the end-to-end latency from
 //! entering the queue to being bound, pending pods per queue, cache sizes, pods moved by
-//! cluster events; plus the time a pod waits in the active queue and the filter and score
+//! cluster events, preemption attempts and victims; plus the time a pod waits in the active queue and the filter and score
 //! phases, which say where a decision's time goes.
 
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::queue::QueueSizes;
@@ -68,6 +68,8 @@ struct Inner {
     pending: Family<Labels, Gauge>,
     cache_size: Family<Labels, Gauge>,
     incoming: Family<Labels, Counter>,
+    preemption_attempts: Counter,
+    preemption_victims: Histogram,
 }
 
 /// Cheap to clone; all clones update the same series.
@@ -99,6 +101,9 @@ impl Metrics {
         let pending = Family::<Labels, Gauge>::default();
         let cache_size = Family::<Labels, Gauge>::default();
         let incoming = Family::<Labels, Counter>::default();
+        let preemption_attempts = Counter::default();
+        // kube-scheduler's buckets: 5, 10, ... 50.
+        let preemption_victims = Histogram::new(linear_buckets(5.0, 5.0, 10));
         registry.register(
             "schedule_attempts",
             "Scheduling attempts by result (scheduled, unschedulable, error)",
@@ -144,6 +149,16 @@ impl Metrics {
             "Parked pods moved back to be retried, by the cluster event that moved them",
             incoming.clone(),
         );
+        registry.register(
+            "preemption_attempts",
+            "Total preemption attempts in the cluster till now",
+            preemption_attempts.clone(),
+        );
+        registry.register(
+            "preemption_victims",
+            "Number of selected preemption victims",
+            preemption_victims.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -156,6 +171,8 @@ impl Metrics {
                 pending,
                 cache_size,
                 incoming,
+                preemption_attempts,
+                preemption_victims,
             }),
         }
     }
@@ -220,6 +237,21 @@ impl Metrics {
         }
     }
 
+    /// One run of preemption (the PostFilter), whatever it decided.
+    pub fn preemption_attempt(&self) {
+        self.inner.preemption_attempts.inc();
+    }
+
+    /// Preemption chose `victims` pods to remove.
+    pub fn preemption_victims(&self, victims: usize) {
+        self.inner.preemption_victims.observe(victims as f64);
+    }
+
+    /// Preemption attempts so far.
+    pub fn preemption_attempts(&self) -> u64 {
+        self.inner.preemption_attempts.get()
+    }
+
     /// Attempts so far with `result` (for tests and health).
     pub fn attempts(&self, result: AttemptResult) -> u64 {
         self.inner
@@ -253,7 +285,18 @@ mod tests {
             ..Default::default()
         });
         m.moved("NodeAdd", 3);
+        m.preemption_attempt();
+        m.preemption_victims(2);
         let text = m.render();
+        assert!(
+            text.contains("scheduler_preemption_attempts_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("scheduler_preemption_victims_bucket{le=\"5.0\"} 1"),
+            "{text}"
+        );
+        assert_eq!(m.preemption_attempts(), 1);
         assert!(text.contains("scheduler_schedule_attempts_total{result=\"scheduled\"} 1"));
         assert!(text.contains("scheduler_pending_pods{queue=\"unschedulable\"} 1"));
         assert!(text.contains("scheduler_pending_pods{queue=\"active\"} 2"));

@@ -5,7 +5,8 @@
 //! assumed pods per node) and the [`queue`] (pending pods). The scheduling loop pops the next
 //! pod, runs the [`algorithm`] (the [`plugins`]' filters and scores) over the cache, assumes
 //! the pod on the chosen node at once, and binds it through `pods/binding` in the background;
-//! a pod no node fits is parked until a cluster event could help ([`hints`]).
+//! a pod no node fits may make room by [`preemption`] of pods of lower priority, and is
+//! parked until a cluster event could help ([`hints`]).
 
 pub mod algorithm;
 pub mod binder;
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod node_info;
 pub mod plugins;
 pub mod pod_info;
+pub mod preemption;
 pub mod queue;
 pub mod resources;
 pub mod runner;

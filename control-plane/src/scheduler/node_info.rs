@@ -60,8 +60,14 @@ impl HostPorts {
     }
 }
 
-/// A node and the aggregates of its pods.
-#[derive(Debug, Default)]
+/// The map inside `images`, copied only if a simulation still holds it.
+fn unshare(images: Arc<HashMap<String, i64>>) -> HashMap<String, i64> {
+    Arc::try_unwrap(images).unwrap_or_else(|shared| (*shared).clone())
+}
+
+/// A node and the aggregates of its pods. Cloned only to simulate a change (nominated pods
+/// added, preemption victims removed); the image list is shared between clones.
+#[derive(Clone, Debug, Default)]
 pub struct NodeInfo {
     /// None while pods name a node the cache has not seen (yet, or any more).
     node: Option<Arc<Node>>,
@@ -74,7 +80,7 @@ pub struct NodeInfo {
     pods_with_required_anti_affinity: Vec<Arc<PodInfo>>,
     pub used_ports: HostPorts,
     /// Image name -> size in bytes, from node.status.images.
-    images: HashMap<String, i64>,
+    images: Arc<HashMap<String, i64>>,
 }
 
 impl NodeInfo {
@@ -141,14 +147,14 @@ impl NodeInfo {
             }
         }
         self.node = Some(node);
-        std::mem::replace(&mut self.images, images)
+        unshare(std::mem::replace(&mut self.images, Arc::new(images)))
     }
 
     /// Forgets the Node object (pods may still name it); returns its images.
     pub fn clear_node(&mut self) -> HashMap<String, i64> {
         self.node = None;
         self.allocatable = Resources::default();
-        std::mem::take(&mut self.images)
+        unshare(std::mem::take(&mut self.images))
     }
 
     pub fn add_pod(&mut self, pod: Arc<PodInfo>) {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube::Client;
@@ -39,8 +40,8 @@ pub enum SchedulerError {
 /// Pods that have not finished: pending ones for the queue, bound ones for the cache.
 const POD_FIELDS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 
-/// Runs the scheduler until `shutdown` is cancelled: watches pods, nodes and namespaces
-/// through `client`, and binds every pending pod whose schedulerName is
+/// Runs the scheduler until `shutdown` is cancelled: watches pods, nodes, namespaces and
+/// PodDisruptionBudgets (for preemption) through `client`, and binds every pending pod whose schedulerName is
 /// `config.scheduler_name`. With leader election configured it schedules only while it holds
 /// the lease (the caches stay warm meanwhile). Returns once everything it started has
 /// stopped.
@@ -71,6 +72,8 @@ pub async fn run(
     let nodes: Informer<Node> = Informer::new(Api::all(client.clone()), watcher::Config::default());
     let namespaces: Informer<Namespace> =
         Informer::new(Api::all(client.clone()), watcher::Config::default());
+    let budgets: Informer<PodDisruptionBudget> =
+        Informer::new(Api::all(client.clone()), watcher::Config::default());
     {
         let s = sched.clone();
         pods.on_change(move |c| s.on_pod(c));
@@ -78,11 +81,14 @@ pub async fn run(
         nodes.on_change(move |c| s.on_node(c));
         let s = sched.clone();
         namespaces.on_change(move |c| s.on_namespace(c));
+        let s = sched.clone();
+        budgets.on_change(move |c| s.on_budget(c));
     }
     let mut tasks = vec![
         tokio::spawn(namespaces.clone().run(token.clone())),
         tokio::spawn(nodes.clone().run(token.clone())),
         tokio::spawn(pods.clone().run(token.clone())),
+        tokio::spawn(budgets.clone().run(token.clone())),
         tokio::spawn(housekeeping(
             sched.clone(),
             config.assumed_ttl,
@@ -103,9 +109,14 @@ pub async fn run(
             .await
             .map_err(|source| SchedulerError::OpsListen { addr, source })?;
         let synced = {
-            let (p, n, ns) = (pods.clone(), nodes.clone(), namespaces.clone());
+            let (p, n, ns, b) = (
+                pods.clone(),
+                nodes.clone(),
+                namespaces.clone(),
+                budgets.clone(),
+            );
             move || {
-                if p.has_synced() && n.has_synced() && ns.has_synced() {
+                if p.has_synced() && n.has_synced() && ns.has_synced() && b.has_synced() {
                     Ok(())
                 } else {
                     Err("informers not synced".to_string())
@@ -134,6 +145,7 @@ pub async fn run(
         pods.wait_synced().await;
         nodes.wait_synced().await;
         namespaces.wait_synced().await;
+        budgets.wait_synced().await;
     };
     let started = Instant::now();
     let ready = tokio::select! {
