@@ -209,10 +209,15 @@ impl Cluster {
     }
 
     pub fn start_scheduler(&mut self) {
+        self.start_scheduler_with(control_plane::scheduler::Config::default());
+    }
+
+    /// The scheduler with `config` (a test keeps a clone of `config.metrics` to read them).
+    pub fn start_scheduler_with(&mut self, config: control_plane::scheduler::Config) {
         let token = CancellationToken::new();
         let (client, t) = (self.scheduler_client.clone(), token.clone());
         let task = tokio::spawn(async move {
-            control_plane::scheduler::run(client, control_plane::scheduler::Config::default(), t)
+            control_plane::scheduler::run(client, config, t)
                 .await
                 .expect("the scheduler runs");
         });
