@@ -308,12 +308,19 @@ async fn kubectl_drain_waits_for_the_budget_and_reports_its_refusal() {
 
     // minAvailable 3: nothing may go; drain reports the 429 refusal until its timeout and
     // no pod was deleted.
-    let mut b = api.get("drained").await.unwrap();
-    b.spec.as_mut().unwrap().min_available =
-        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(3));
-    api.replace("drained", &PostParams::default(), &b)
-        .await
-        .unwrap();
+    // The disruption controller may write the status between the read and the replace (the
+    // evictions' DisruptionTarget conditions are pod updates it recounts for): a conflict is
+    // retried with the newer object, as any client does.
+    wait_until_async("minAvailable raised to 3", WAIT, || async {
+        let mut b = api.get("drained").await.map_err(|e| e.to_string())?;
+        b.spec.as_mut().unwrap().min_available =
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(3));
+        api.replace("drained", &PostParams::default(), &b)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
     status_where(&c, "drained", "no disruption allowed", |s| {
         s["disruptionsAllowed"] == 0 && s["observedGeneration"] == 2
     })

@@ -1,5 +1,6 @@
 //! The scheduler against the real API server (in-process), through kube-rs and the real
-//! kubectl: pods spread over nodes, FailedScheduling with Kubernetes' reasons and the pod
+//! kubectl: pods spread over nodes, FailedScheduling with Kubernetes' reasons (and, as
+//! kube-scheduler's, what preemption found: every pod here has priority 0) and the pod
 //! scheduled once a big enough node appears, taints and tolerations, nodeSelector, required
 //! anti-affinity with a retry when a blocking pod goes, and leader election between two
 //! schedulers. No node agent runs: the tests register Node objects themselves.
@@ -286,7 +287,7 @@ async fn too_large_pods_fail_with_the_reason_then_fit_on_a_bigger_node() {
     let failed = f.event("big", "FailedScheduling").await;
     assert_eq!(
         failed.message.as_deref(),
-        Some("0/2 nodes are available: 2 Insufficient cpu.")
+        Some("0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.")
     );
     assert_eq!(failed.type_.as_deref(), Some("Warning"));
     let pods = f.pods();
@@ -304,14 +305,14 @@ async fn too_large_pods_fail_with_the_reason_then_fit_on_a_bigger_node() {
     assert_eq!(condition.reason.as_deref(), Some("Unschedulable"));
     assert_eq!(
         condition.message.as_deref(),
-        Some("0/2 nodes are available: 2 Insufficient cpu.")
+        Some("0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.")
     );
     let out = f.kubectl().run(&["describe", "pod", "big"]);
     assert!(out.success, "{}", out.stderr);
     assert!(out.stdout.contains("FailedScheduling"), "{}", out.stdout);
     assert!(
         out.stdout
-            .contains("0/2 nodes are available: 2 Insufficient cpu."),
+            .contains("0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod."),
         "{}",
         out.stdout
     );
@@ -368,7 +369,7 @@ async fn taints_tolerations_and_node_selectors_are_honoured() {
     let failed = f.event("nowhere", "FailedScheduling").await;
     assert_eq!(
         failed.message.as_deref(),
-        Some("0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 2 node(s) didn't match Pod's node affinity/selector.")
+        Some("0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.")
     );
     running.stop().await;
 }
@@ -391,7 +392,7 @@ async fn anti_affinity_keeps_replicas_apart_until_one_goes() {
     let failed = f.event("web-3", "FailedScheduling").await;
     assert_eq!(
         failed.message.as_deref(),
-        Some("0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules.")
+        Some("0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod.")
     );
     let mut placed = BTreeMap::new();
     for i in 0..3 {
@@ -405,7 +406,7 @@ async fn anti_affinity_keeps_replicas_apart_until_one_goes() {
     assert_eq!(
         failed.message.as_deref(),
         Some(
-            "0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules."
+            "0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
         )
     );
     f.pod_labelled("db", json!({"app": "db"}), json!({})).await;
