@@ -229,12 +229,18 @@ fn split_by_budgets(
     (violating, fine)
 }
 
+/// Why a node is no candidate (the reasons of its FitError line).
+type Reasons = Vec<Cow<'static, str>>;
+
+/// The victims chosen on one node, most important first, and how many break a budget.
+struct Victims {
+    pods: Vec<Arc<PodInfo>>,
+    pdb_violations: usize,
+}
+
 /// The fewest pods of lower priority to remove from `node` for the pod to fit
 /// (selectVictimsOnNode), or the node's reasons for not being a candidate.
-fn select_victims(
-    cycle: &Cycle<'_>,
-    node: &NodeInfo,
-) -> Result<(Vec<Arc<PodInfo>>, usize), Vec<Cow<'static, str>>> {
+fn select_victims(cycle: &Cycle<'_>, node: &NodeInfo) -> Result<Victims, Reasons> {
     let pod = cycle.pod;
     let mut potential: Vec<Arc<PodInfo>> = node
         .pods()
@@ -275,7 +281,10 @@ fn select_victims(
     if mixed {
         victims.sort_by(|a, b| more_important(a, b));
     }
-    Ok((victims, violations))
+    Ok(Victims {
+        pods: victims,
+        pdb_violations: violations,
+    })
 }
 
 /// The earliest start among the candidate's most important victims (GetEarliestPodStartTime).
@@ -371,14 +380,14 @@ pub fn preempt(cache: &mut Cache, pod: &PodInfo, offset: usize) -> Outcome {
             _ => {}
         }
         match select_victims(&cycle, node) {
-            Ok((victims, pdb_violations)) => {
-                if pdb_violations == 0 {
+            Ok(v) => {
+                if v.pdb_violations == 0 {
                     clean += 1;
                 }
                 candidates.push(Candidate {
                     node: name.to_string(),
-                    victims,
-                    pdb_violations,
+                    victims: v.pods,
+                    pdb_violations: v.pdb_violations,
                 });
                 if clean > 0 && candidates.len() >= want {
                     break;
