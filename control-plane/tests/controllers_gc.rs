@@ -252,3 +252,70 @@ async fn deleting_a_namespace_deletes_its_content_then_itself() {
     assert!(nss.get_opt("default").await.unwrap().is_some());
     c.shutdown().await;
 }
+
+/// A custom resource defined after the collector started (found by its discovery resync) is
+/// collected when its owner goes.
+#[tokio::test]
+async fn custom_objects_are_collected_with_their_owner() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let c = Cluster::start(fast_settings(), &[]).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gizmos.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "gizmos", "kind": "Gizmo"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    wait_until_async("the definition is established", WAIT, || async {
+        let d = crds.get("gizmos.example.com").await.unwrap();
+        let ok = d.status.and_then(|s| s.conditions).is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        });
+        ok.then_some(()).ok_or("not yet")
+    })
+    .await;
+    let owners: Api<ConfigMap> = c.api("default");
+    let owner = owners
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "owner"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Gizmo"),
+        "gizmos",
+    );
+    let gizmos: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), "default", &ar);
+    let gizmo: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.com/v1", "kind": "Gizmo",
+        "metadata": {"name": "g", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+            "name": "owner", "uid": owner.uid().unwrap()}]},
+        "spec": {"x": 1}
+    }))
+    .unwrap();
+    gizmos.create(&PostParams::default(), &gizmo).await.unwrap();
+    owners
+        .delete("owner", &DeleteParams::background())
+        .await
+        .unwrap();
+    // The collector rereads discovery every 30 s: within two rounds.
+    wait_until_async(
+        "the gizmo is collected",
+        Duration::from_secs(90),
+        || async {
+            match gizmos.get_opt("g").await.unwrap() {
+                None => Ok(()),
+                Some(_) => Err("still there"),
+            }
+        },
+    )
+    .await;
+}

@@ -67,7 +67,14 @@ fn encode<T: serde::Serialize>(t: T) -> Result<Value, ApiError> {
 }
 
 /// A stored object in the shape of `r`.
-pub fn from_storage(r: &Resource, stored: Value) -> Result<Value, ApiError> {
+pub fn from_storage(r: &Resource, mut stored: Value) -> Result<Value, ApiError> {
+    if r.custom().is_some() {
+        // Conversion None: the same object at the requested version.
+        if let Some(o) = stored.as_object_mut() {
+            o.insert("apiVersion".into(), r.api_version().into());
+        }
+        return Ok(stored);
+    }
     match r.stored_as() {
         None => Ok(stored),
         Some(c) => (c.from_storage)(stored),
@@ -76,6 +83,18 @@ pub fn from_storage(r: &Resource, stored: Value) -> Result<Value, ApiError> {
 
 /// The bytes to store for `obj` (in the shape of `r`).
 pub fn stored_bytes(r: &Resource, obj: &Value) -> Result<Bytes, ApiError> {
+    if let Some(c) = r.custom() {
+        let mut v = obj.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "apiVersion".into(),
+                format!("{}/{}", r.group, c.storage_version).into(),
+            );
+        }
+        return serde_json::to_vec(&v)
+            .map(Bytes::from)
+            .map_err(ApiError::internal);
+    }
     let bytes = match r.stored_as() {
         None => serde_json::to_vec(obj),
         Some(c) => serde_json::to_vec(&(c.to_storage)(obj.clone())?),
@@ -87,6 +106,12 @@ pub fn stored_bytes(r: &Resource, obj: &Value) -> Result<Bytes, ApiError> {
 /// conversion applies).
 pub fn served(r: &Resource, o: &CachedObject) -> Result<Bytes, ApiError> {
     match r.stored_as() {
+        None if r.custom().is_some_and(|c| c.storage_version != r.version) => {
+            let v = served_value(r, o)?;
+            serde_json::to_vec(&v)
+                .map(Bytes::from)
+                .map_err(ApiError::internal)
+        }
         None => Ok(o.json.clone()),
         Some(_) => {
             let v = served_value(r, o)?;

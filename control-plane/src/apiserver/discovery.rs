@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use serde_json::{json, Value};
 
 use super::output::{self, Resp};
-use super::registry::{self, Resource, Scope, Storage, Subresource, RESOURCES};
+use super::registry::{self, Resource, Scope, Storage, Subresource};
 
 /// The Kubernetes version the API types are (k8s-openapi's v1_33).
 pub const MAJOR: &str = "1";
@@ -124,8 +124,8 @@ fn proxy_options(kind: &str) -> &'static str {
 
 pub fn resource_list(group: &str, version: &str) -> Value {
     let mut resources = Vec::new();
-    for r in RESOURCES
-        .iter()
+    for r in registry::all()
+        .into_iter()
         .filter(|r| r.group == group && r.version == version)
     {
         resources.push(APIResource {
@@ -179,8 +179,8 @@ pub fn aggregated(core: bool, version: &str) -> Value {
             let versions: Vec<Value> = registry::group_versions(g)
                 .into_iter()
                 .map(|version| {
-            let resources: Vec<Value> = RESOURCES
-                .iter()
+            let resources: Vec<Value> = registry::all()
+                .into_iter()
                 .filter(|r| r.group == g && r.version == version)
                 .map(|r| {
                     let subs: Vec<Value> = r
@@ -244,12 +244,18 @@ fn openapi_gv_path(group: &str, version: &str) -> String {
 pub fn openapi_index() -> Value {
     let mut paths = serde_json::Map::new();
     let mut seen = Vec::new();
-    for r in RESOURCES {
+    for r in registry::all() {
         let p = openapi_gv_path(r.group, r.version);
         if !seen.contains(&p) {
+            // kubectl caches a document by its hash: a custom resource's changes with its
+            // definition (each definition spec is one interned resource).
+            let hash = match r.custom() {
+                Some(_) => format!("{}-{:p}", env!("CARGO_PKG_VERSION"), r),
+                None => env!("CARGO_PKG_VERSION").to_string(),
+            };
             paths.insert(
                 p.clone(),
-                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", env!("CARGO_PKG_VERSION"))}),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={hash}")}),
             );
             seen.push(p);
         }
@@ -324,8 +330,32 @@ pub fn kind_schemas(
     settings.definitions_path = definitions_path.into();
     let mut generator = settings.into_generator();
     let mut schemas = serde_json::Map::new();
-    for r in RESOURCES.iter().filter(|r| include(r)) {
+    for r in registry::all().into_iter().filter(|r| include(r)) {
         let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        if let Some(c) = r.custom() {
+            let meta = generator
+                .subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
+                .to_value();
+            let mut schema = if definitions_path == "/definitions" {
+                c.schema.openapi_v2()
+            } else {
+                c.schema.openapi()
+            };
+            if !schema.is_object() {
+                schema = json!({"type": "object"});
+            }
+            let props = schema
+                .as_object_mut()
+                .expect("an object")
+                .entry("properties")
+                .or_insert_with(|| json!({}));
+            props["apiVersion"] = json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."});
+            props["kind"] = json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."});
+            props["metadata"] = meta;
+            schema["x-kubernetes-group-version-kind"] = json!([gvk]);
+            schemas.insert(custom_schema_name(r), schema);
+            continue;
+        }
         let mut schema = (r.schema.build)(&mut generator).to_value();
         schema["x-kubernetes-group-version-kind"] = json!([gvk]);
         schemas.insert((r.schema.name)().into_owned(), schema);
@@ -337,13 +367,20 @@ pub fn kind_schemas(
     schemas
 }
 
+/// A custom kind's schema name, as Kubernetes names it: the group reversed, the version, the
+/// kind (`com.example.v1.Widget`).
+fn custom_schema_name(r: &Resource) -> String {
+    let reversed: Vec<&str> = r.group.split('.').rev().collect();
+    format!("{}.{}.{}", reversed.join("."), r.version, r.kind)
+}
+
 /// `/openapi/v3/<gv>`: each resource's paths with their group-version-kind and the
 /// `fieldValidation` parameter on writes, and the resources' schemas (from k8s-openapi, with
 /// their descriptions) under components.
 pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
     let in_gv = |r: &Resource| openapi_gv_path(r.group, r.version) == gv_path;
     let mut paths = serde_json::Map::new();
-    for r in RESOURCES.iter().filter(|r| in_gv(r)) {
+    for r in registry::all().into_iter().filter(|r| in_gv(r)) {
         paths.extend(resource_paths(r, gv_path, false));
     }
     if paths.is_empty() {
@@ -360,7 +397,7 @@ pub fn openapi_group_version(gv_path: &str) -> Option<Value> {
 /// `/openapi/v2`: every resource's paths and schemas in one Swagger 2.0 document.
 pub fn openapi_v2() -> Value {
     let mut paths = serde_json::Map::new();
-    for r in RESOURCES {
+    for r in registry::all() {
         paths.extend(resource_paths(
             r,
             &openapi_gv_path(r.group, r.version),

@@ -24,6 +24,7 @@ pub mod auth;
 pub mod authz;
 pub mod certs;
 mod conversion;
+mod crd;
 mod discovery;
 mod handlers;
 mod health;
@@ -230,7 +231,7 @@ impl Server {
             .map_err(io(format!("creating {}", config.data_dir.display())))?;
         let store = OpenStore::open(&config.store, &config.data_dir, config.store_history).await?;
         let shared = store.shared();
-        let specs = registry::RESOURCES
+        let mut specs: Vec<CacheSpec> = registry::RESOURCES
             .iter()
             .filter(|r| r.cached())
             .map(|r| CacheSpec {
@@ -240,6 +241,7 @@ impl Server {
                 field_fn: Arc::new(move |v: &serde_json::Value, f: &str| rules::field(r, v, f)),
             })
             .collect();
+        specs.push(crd::cache_spec());
         let cache = Cache::start(
             shared.clone(),
             specs,
@@ -249,6 +251,8 @@ impl Server {
             },
         )
         .await?;
+        // Definitions stored before a restart are served before the server listens.
+        crd::controller::load(&cache);
         let allocator = Allocator::new(
             shared.clone(),
             config.service_cidr,
@@ -298,7 +302,7 @@ impl Server {
         let ctx = Arc::new(Ctx {
             admission: admission::Chain::new(env, &config.admission),
             store: shared.clone(),
-            cache,
+            cache: cache.clone(),
             allocator,
             authz,
             shutdown: shutdown.clone(),
@@ -364,6 +368,11 @@ impl Server {
                 shutdown.clone(),
             ))
         });
+        tokio::spawn(crd::controller::run(
+            shared.clone(),
+            cache.clone(),
+            shutdown.clone(),
+        ));
         let repairer = tokio::spawn(keep_allocations_repaired(
             ctx.clone(),
             config.allocation_repair_interval,

@@ -107,6 +107,9 @@ pub enum Storage {
     /// Resource metrics (metrics.k8s.io), scraped from the node agents and kept in memory;
     /// the verbs are `get` and `list`.
     Metrics,
+    /// A version of a CustomResourceDefinition: stored under `/registry/<group>/<plural>/`
+    /// with the storage version's apiVersion, in the watch cache's one cache of custom objects.
+    Custom(&'static super::crd::Custom),
 }
 
 /// How a resource's OpenAPI schema is made: its component name and its schema, which
@@ -128,6 +131,12 @@ const fn schema<K: schemars::JsonSchema>() -> Schema {
         name: K::schema_name,
         build: K::json_schema,
     }
+}
+
+/// The schema entry of a resource without a Rust type (custom resources: their OpenAPI comes
+/// from their definition).
+pub const fn untyped_schema() -> Schema {
+    schema::<serde_json::Value>()
 }
 
 /// The verbs of a resource that answers creates without storing anything.
@@ -170,7 +179,7 @@ impl Resource {
         match self.storage {
             Storage::None => CREATE_ONLY,
             Storage::Metrics => READ_ONLY,
-            Storage::Own | Storage::View(_) => VERBS,
+            Storage::Own | Storage::View(_) | Storage::Custom(_) => VERBS,
         }
     }
 
@@ -178,13 +187,30 @@ impl Resource {
     pub fn stored_as(&self) -> Option<&'static Conversion> {
         match self.storage {
             Storage::View(c) => Some(c),
-            Storage::Own | Storage::None | Storage::Metrics => None,
+            Storage::Own | Storage::None | Storage::Metrics | Storage::Custom(_) => None,
         }
     }
 
-    /// Whether the watch cache keeps this resource's own objects.
+    /// Whether the watch cache keeps this resource's own objects (a built-in resource's own
+    /// cache; custom resources share one, [`Resource::cache_prefix`]).
     pub fn cached(&self) -> bool {
         matches!(self.storage, Storage::Own)
+    }
+
+    /// The definition behind a custom resource.
+    pub fn custom(&self) -> Option<&'static super::crd::Custom> {
+        match self.storage {
+            Storage::Custom(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The prefix of the watch cache that holds this resource's objects.
+    pub fn cache_prefix(&self) -> String {
+        match self.storage {
+            Storage::Custom(_) => crate::store::cache::CUSTOM_PREFIX.to_string(),
+            _ => self.storage_prefix(),
+        }
     }
 
     pub fn has(&self, s: Subresource) -> bool {
@@ -194,7 +220,15 @@ impl Resource {
     /// The store prefix of every object of this resource, laid out as Kubernetes lays out
     /// its built-in resources in etcd: `/registry/<plural>/` (of the storage resource, for a
     /// view).
+    /// Custom resources are under `/registry/<group>/<plural>/`, as Kubernetes keeps them.
     pub fn prefix(&self) -> String {
+        self.storage_prefix()
+    }
+
+    fn storage_prefix(&self) -> String {
+        if let Storage::Custom(_) = self.storage {
+            return format!("/registry/{}/{}/", self.group, self.plural);
+        }
         let plural = self.stored_as().map_or(self.plural, |c| c.storage.2);
         format!("/registry/{plural}/")
     }
@@ -904,6 +938,24 @@ pub static RESOURCES: &[Resource] = &[
         schema: schema::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(),
     },
     Resource {
+        group: "apiextensions.k8s.io",
+        version: "v1",
+        kind: "CustomResourceDefinition",
+        plural: "customresourcedefinitions",
+        singular: "customresourcedefinition",
+        scope: Scope::Cluster,
+        short_names: &["crd", "crds"],
+        categories: &["api-extensions"],
+        subresources: &[Status],
+        fields: NONE,
+        indexed: NONE,
+        status_on_create: StatusOnCreate::Reset,
+        storage: Storage::Own,
+        schema: schema::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(),
+    },
+    Resource {
         group: "metrics.k8s.io",
         version: "v1beta1",
         kind: "NodeMetrics",
@@ -937,10 +989,18 @@ pub static RESOURCES: &[Resource] = &[
     },
 ];
 
+/// Every resource served now: the built-in ones, then the versions of established
+/// CustomResourceDefinitions.
+pub fn all() -> Vec<&'static Resource> {
+    let mut out: Vec<&'static Resource> = RESOURCES.iter().collect();
+    out.extend(super::crd::served());
+    out
+}
+
 /// The groups in discovery order (each with its versions: [`group_versions`]).
 pub fn groups() -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
-    for r in RESOURCES {
+    for r in all() {
         if !r.group.is_empty() && !out.contains(&r.group) {
             out.push(r.group);
         }
@@ -956,7 +1016,7 @@ pub fn group_version(group: &str) -> &'static str {
 /// Every version a group is served at, the preferred first.
 pub fn group_versions(group: &str) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
-    for r in RESOURCES.iter().filter(|r| r.group == group) {
+    for r in all().into_iter().filter(|r| r.group == group) {
         if !out.contains(&r.version) {
             out.push(r.version);
         }
@@ -969,6 +1029,7 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resourc
     RESOURCES
         .iter()
         .find(|r| r.group == group && r.version == version && r.plural == plural)
+        .or_else(|| super::crd::find(group, version, plural))
 }
 
 /// The resource serving `apiVersion`/`kind`.
@@ -976,6 +1037,7 @@ pub fn by_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
     RESOURCES
         .iter()
         .find(|r| r.kind == kind && r.api_version() == api_version)
+        .or_else(|| super::crd::by_kind(api_version, kind))
 }
 
 /// Whether the server serves any resource in `group`/`version`.
@@ -983,6 +1045,7 @@ pub fn serves(group: &str, version: &str) -> bool {
     RESOURCES
         .iter()
         .any(|r| r.group == group && r.version == version)
+        || super::crd::find_version(group, version)
 }
 
 #[cfg(test)]

@@ -21,8 +21,14 @@ fn kind_rules(r: &Resource) -> Option<&'static KindRules> {
     kinds::rules_at(r.group, r.version, r.kind)
 }
 
-/// Kubernetes' defaulting for the resource's kind.
+/// Kubernetes' defaulting for the resource's kind. A custom resource's body is pruned of
+/// fields its schema does not know, then defaulted from the schema.
 pub fn default(r: &Resource, obj: &mut Value) {
+    if let Some(c) = r.custom() {
+        c.schema.prune(obj);
+        c.schema.apply_defaults(obj);
+        return;
+    }
     if let Some(k) = kind_rules(r) {
         (k.default)(obj);
     }
@@ -30,6 +36,9 @@ pub fn default(r: &Resource, obj: &mut Value) {
 
 /// Validation of a create (`old` None) or an update.
 pub fn validate(r: &Resource, new: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    if let Some(c) = r.custom() {
+        return validate_custom(r, c, new, old);
+    }
     match kind_rules(r) {
         Some(k) => (k.validate)(new, old),
         None => vec![FieldError::invalid(
@@ -40,6 +49,40 @@ pub fn validate(r: &Resource, new: &Value, old: Option<&Value>) -> Vec<FieldErro
     }
 }
 
+/// A custom object: ObjectMeta as for every kind, then the definition's schema.
+fn validate_custom(
+    r: &Resource,
+    c: &crate::apiserver::crd::Custom,
+    new: &Value,
+    old: Option<&Value>,
+) -> Vec<FieldError> {
+    use crate::machinery::validation::{
+        validate_object_meta, validate_object_meta_update, NameRule, Scope,
+    };
+    let meta = |v: &Value| {
+        serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(
+            v.get("metadata").cloned().unwrap_or(Value::Null),
+        )
+    };
+    let mut errs = Vec::new();
+    match meta(new) {
+        Ok(m) => {
+            let scope = if r.namespaced() {
+                Scope::Namespaced
+            } else {
+                Scope::Cluster
+            };
+            errs.extend(validate_object_meta(&m, scope, NameRule::Dns1123Subdomain));
+            if let Some(Ok(o)) = old.map(meta) {
+                errs.extend(validate_object_meta_update(&m, &o));
+            }
+        }
+        Err(e) => errs.push(FieldError::invalid("metadata", "", &e.to_string())),
+    }
+    errs.extend(c.schema.validate(new, old));
+    errs
+}
+
 /// Validation of a write through `pods/ephemeralcontainers`.
 pub fn validate_ephemeral(new: &Value, old: &Value) -> Vec<FieldError> {
     kinds::validate_ephemeral_update(new, old)
@@ -47,6 +90,19 @@ pub fn validate_ephemeral(new: &Value, old: &Value) -> Vec<FieldError> {
 
 /// The value of a field-selector field.
 pub fn field(r: &Resource, obj: &Value, path: &str) -> Option<String> {
+    if r.custom().is_some() {
+        let at = |p: &str| {
+            obj.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        return match path {
+            "metadata.name" => Some(at("/metadata/name")),
+            "metadata.namespace" => Some(at("/metadata/namespace")),
+            _ => None,
+        };
+    }
     kind_rules(r).and_then(|k| (k.field)(obj, path))
 }
 
@@ -117,11 +173,24 @@ pub fn selection(
 
 /// Why a body does not decode into the kind (a 400 naming the field), if it does not.
 pub fn decode_error(r: &Resource, obj: &Value) -> Option<String> {
+    if r.custom().is_some() {
+        return match obj.get("metadata") {
+            None | Some(Value::Object(_)) => None,
+            Some(_) => Some(format!(
+                "{} in version \"{}\" cannot be handled as a {}: metadata: expected an object",
+                r.kind, r.version, r.kind
+            )),
+        };
+    }
     strict::decode_error(r.group, r.kind, r.version, obj)
 }
 
-/// Paths of fields the kind does not define (`fieldValidation=Strict`).
+/// Paths of fields the kind does not define (`fieldValidation=Strict`); for a custom
+/// resource, the fields its schema would prune.
 pub fn unknown_fields(r: &Resource, obj: &Value) -> Vec<String> {
+    if let Some(c) = r.custom() {
+        return c.schema.prune(&mut obj.clone());
+    }
     strict::unknown_fields(r.group, r.kind, r.version, obj)
 }
 
@@ -136,7 +205,18 @@ pub fn is_apply(t: PatchType) -> bool {
 }
 
 /// Applies a JSON, merge or strategic-merge patch to the current object.
+/// A strategic merge patch of a custom resource is a 415, as in Kubernetes (its schema
+/// carries no patch strategies).
 pub fn patch(r: &Resource, cur: &Value, t: PatchType, body: &[u8]) -> Result<Value, ApiError> {
+    if r.custom().is_some() && t == PatchType::StrategicMerge {
+        return Err(ApiError::new(
+            415,
+            crate::machinery::status::Reason::UnsupportedMediaType,
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/json-patch+json, application/merge-patch+json, \
+             application/apply-patch+yaml",
+        ));
+    }
     patch::apply(&GroupKind::new(r.group, r.kind), cur, t, body)
 }
 
@@ -161,18 +241,27 @@ fn writer<'a>(
 }
 
 fn managed_type(r: &Resource) -> Arc<fieldmanager::Type> {
+    if let Some(c) = r.custom() {
+        return c.managed.clone();
+    }
     fieldmanager::type_of(&GroupKind::new(r.group, r.kind), r.schema.build)
 }
 
 /// What Kubernetes' typed decoding leaves of an object: no empty maps or lists in optional
 /// fields, no null fields.
 pub fn normalize(r: &Resource, obj: &mut Value) {
+    if r.custom().is_some() {
+        return;
+    }
     fieldmanager::drop_empty(&managed_type(r), obj);
 }
 
 /// Whether the kind has a `metadata.generation` (Kubernetes sets it only where a controller
 /// observes the spec: workloads, pods, EndpointSlices).
 pub fn tracks_generation(r: &Resource) -> bool {
+    if r.custom().is_some() {
+        return true;
+    }
     kinds::tracks_generation(r.group, r.kind)
 }
 
@@ -210,6 +299,9 @@ pub fn apply(
 
 /// The Table columns of the kind (wide ones at priority 1).
 pub fn columns(r: &Resource) -> Value {
+    if let Some(c) = r.custom() {
+        return serde_json::to_value(crate::apiserver::crd::columns(c)).unwrap_or(Value::Null);
+    }
     match kind_rules(r) {
         Some(k) => serde_json::to_value((k.columns)()).unwrap_or(Value::Null),
         None => serde_json::json!([
@@ -220,6 +312,9 @@ pub fn columns(r: &Resource) -> Value {
 
 /// One row's cells, ages relative to now.
 pub fn cells(r: &Resource, obj: &Value) -> Vec<Value> {
+    if let Some(c) = r.custom() {
+        return crate::apiserver::crd::cells(c, obj, now());
+    }
     match kind_rules(r) {
         Some(k) => (k.row)(obj, now()),
         None => vec![serde_json::json!(super::meta::name(obj).unwrap_or_default())],

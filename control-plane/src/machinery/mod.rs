@@ -10,6 +10,7 @@ pub mod duration;
 pub mod fieldmanager;
 pub mod group_kind;
 pub mod index_set;
+pub mod jsonpath;
 pub mod kinds;
 pub mod patch;
 pub mod quantity;

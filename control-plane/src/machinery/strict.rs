@@ -108,6 +108,9 @@ fn round_trip(
         ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration") => {
             typed::<admissionregistration::v1::ValidatingWebhookConfiguration>(v)
         }
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => typed::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(v),
         _ => return None,
     })
 }

@@ -125,7 +125,9 @@ impl Ctx {
     }
 
     pub fn resource_cache(&self, r: &Resource) -> Result<&Arc<ResourceCache>, ApiError> {
-        self.cache.resource(&r.prefix()).map_err(ApiError::internal)
+        self.cache
+            .resource(&r.cache_prefix())
+            .map_err(ApiError::internal)
     }
 
     /// The cached object at `key`, after catching up with the store.

@@ -11,12 +11,67 @@ use super::write::{update_object, Part};
 use super::{Call, Ctx};
 use crate::apiserver::negotiate::{self, BodyFormat};
 use crate::apiserver::output::{self, Resp};
+use crate::apiserver::registry::Resource;
 use crate::apiserver::request::WriteOptions;
-use crate::apiserver::{meta, rules};
+use crate::apiserver::{crd, meta, rules};
 use crate::machinery::ApiError;
 
+/// Where a resource keeps its replicas: `.spec.replicas` and `.status.replicas` for the
+/// built-in workloads; a custom resource's scale subresource names its own paths (JSON
+/// pointers here) and its selector's (a string in the object).
+struct Paths {
+    spec: String,
+    status: String,
+    selector: Option<String>,
+}
+
+fn paths(r: &Resource) -> Paths {
+    match r.custom().and_then(|c| c.scale.as_ref()) {
+        Some(s) => Paths {
+            spec: crd::pointer(&s.spec_replicas),
+            status: crd::pointer(&s.status_replicas),
+            selector: s.label_selector.as_deref().map(crd::pointer),
+        },
+        None => Paths {
+            spec: "/spec/replicas".into(),
+            status: "/status/replicas".into(),
+            selector: None,
+        },
+    }
+}
+
+/// Sets the value at a JSON pointer, making the objects on the way.
+fn set_at(obj: &mut Value, pointer: &str, v: Value) {
+    let mut cur = obj;
+    let parts: Vec<&str> = pointer.split('/').skip(1).collect();
+    for (i, p) in parts.iter().enumerate() {
+        let key = p.replace("~1", "/").replace("~0", "~");
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let m = cur.as_object_mut().expect("an object");
+        if i + 1 == parts.len() {
+            m.insert(key, v);
+            return;
+        }
+        cur = m.entry(key).or_insert_with(|| json!({}));
+    }
+}
+
+/// The Scale of an object.
+fn scale_of(r: &Resource, obj: &Value) -> Value {
+    let p = paths(r);
+    let mut scale = builtin_scale(obj);
+    scale["spec"]["replicas"] = obj.pointer(&p.spec).cloned().unwrap_or(json!(0));
+    scale["status"]["replicas"] = obj.pointer(&p.status).cloned().unwrap_or(json!(0));
+    if let Some(sel) = &p.selector {
+        scale["status"]["selector"] = obj.pointer(sel).cloned().unwrap_or(json!(""));
+    }
+    scale
+}
+
 /// The Scale of an object with `.spec.replicas`.
-fn scale_of(obj: &Value) -> Value {
+fn builtin_scale(obj: &Value) -> Value {
     let m = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
     let selector = obj
         .pointer("/spec/selector/matchLabels")
@@ -70,6 +125,7 @@ pub async fn get_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Re
         .await?
         .ok_or_else(|| call.not_found(name))?;
     Ok(output::ok(&scale_of(
+        call.resource,
         &o.value().map_err(ApiError::internal)?,
     )))
 }
@@ -82,13 +138,14 @@ pub async fn update_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result
     let expected = meta::resource_version(&scale)
         .map(meta::parse_revision)
         .transpose()?;
+    let r = call.resource;
     let stored = update_object(ctx, call, name, Part::Main, expected, &opts, |cur| {
         let mut new = cur.clone();
-        new["spec"]["replicas"] = json!(replicas);
+        set_at(&mut new, &paths(r).spec, json!(replicas));
         Ok(new)
     })
     .await?;
-    Ok(output::ok(&scale_of(&stored)))
+    Ok(output::ok(&scale_of(r, &stored)))
 }
 
 pub async fn patch_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<Resp, ApiError> {
@@ -100,13 +157,18 @@ pub async fn patch_scale(ctx: &Arc<Ctx>, call: &Call<'_>, name: &str) -> Result<
     let body = call.body.clone();
     let r = call.resource;
     let stored = update_object(ctx, call, name, Part::Main, None, &opts, |cur| {
-        let patched = rules::patch(r, &scale_of(cur), pt, &body)?;
+        let patched = crate::machinery::patch::apply(
+            &crate::machinery::GroupKind::new("autoscaling", "Scale"),
+            &scale_of(r, cur),
+            pt,
+            &body,
+        )?;
         let mut new = cur.clone();
-        new["spec"]["replicas"] = json!(replicas_of(&patched)?);
+        set_at(&mut new, &paths(r).spec, json!(replicas_of(&patched)?));
         Ok(new)
     })
     .await?;
-    Ok(output::ok(&scale_of(&stored)))
+    Ok(output::ok(&scale_of(r, &stored)))
 }
 
 /// Binds a pod to a node: sets spec.nodeName (once) and the PodScheduled condition.

@@ -158,6 +158,13 @@ pub async fn create_object(
     opts: &WriteOptions,
 ) -> Result<Value, ApiError> {
     let (r, ns) = (call.resource, call.namespace());
+    if let Some(c) = r.custom() {
+        if crate::apiserver::crd::terminating(&c.crd) {
+            return Err(ApiError::method_not_allowed(
+                "create not allowed while custom resource definition is terminating",
+            ));
+        }
+    }
     place(r, ns, &mut obj)?;
     if certificates::is_csr(r) {
         certificates::prepare_create(&mut obj, call.user)?;

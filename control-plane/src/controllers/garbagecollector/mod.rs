@@ -19,8 +19,9 @@
 
 pub mod graph;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -68,7 +69,9 @@ impl Absent {
 /// What the workers share.
 struct Shared {
     client: Client,
-    resources: Resources,
+    /// What discovery found last (re-read every [`RESYNC`], as Kubernetes' collector does, so
+    /// custom resources defined later are collected too).
+    resources: std::sync::RwLock<Resources>,
     graph: Mutex<Graph>,
     absent: Mutex<Absent>,
     deletes: WorkQueue<String>,
@@ -95,7 +98,8 @@ impl Shared {
 
     /// A metadata client for the object `identity` names (None: its kind is not served).
     fn api_for(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Option<Api<Meta>> {
-        let served = self.resources.by_kind(api_version, kind)?;
+        let resources = self.resources.read().unwrap_or_else(|p| p.into_inner());
+        let served = resources.by_kind(api_version, kind)?;
         Some(metadata_api(&self.client, served, namespace))
     }
 
@@ -152,7 +156,7 @@ async fn run(client: Client, metrics: Metrics, workers: usize, token: Cancellati
     };
     let shared = Arc::new(Shared {
         client: client.clone(),
-        resources: resources.clone(),
+        resources: std::sync::RwLock::new(resources.clone()),
         graph: Mutex::new(Graph::default()),
         absent: Mutex::new(Absent::default()),
         deletes: WorkQueue::new(),
@@ -161,31 +165,10 @@ async fn run(client: Client, metrics: Metrics, workers: usize, token: Cancellati
 
     // One ordered stream of graph changes from every monitor.
     let (tx, mut rx) = mpsc::unbounded_channel::<(Served, Change<Meta>)>();
-    let mut monitors = Vec::new();
+    let mut monitors = Monitors::default();
     for served in resources.collectable() {
-        let informer: Informer<Meta> = Informer::new(
-            metadata_api(&client, &served, None),
-            watcher::Config::default(),
-        );
-        let (tx, s) = (tx.clone(), served.clone());
-        informer.on_change(move |c| {
-            let change = match c {
-                Change::Added(o) => Change::Added(o.clone()),
-                Change::Updated { old, new } => Change::Updated {
-                    old: old.clone(),
-                    new: new.clone(),
-                },
-                Change::Deleted(o) => Change::Deleted(o.clone()),
-            };
-            let _ = tx.send((s.clone(), change));
-        });
-        monitors.push(informer);
+        monitors.start(&client, served, &tx, &token);
     }
-    drop(tx);
-    let tasks: Vec<_> = monitors
-        .iter()
-        .map(|m| tokio::spawn(m.clone().run(token.child_token())))
-        .collect();
     let builder = {
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -216,11 +199,18 @@ async fn run(client: Client, metrics: Metrics, workers: usize, token: Cancellati
         })
     };
     tokio::select! {
-        _ = futures::future::join_all(monitors.iter().map(|m| m.wait_synced())) => {
-            tracing::info!(resources = monitors.len(), objects = shared.graph().len(), "garbage collector synced");
+        _ = futures::future::join_all(monitors.running.values().map(|(m, _, _)| m.wait_synced())) => {
+            tracing::info!(resources = monitors.running.len(), objects = shared.graph().len(), "garbage collector synced");
         }
         _ = token.cancelled() => {}
     }
+    let resync = tokio::spawn(resync(
+        client.clone(),
+        shared.clone(),
+        monitors,
+        tx,
+        token.clone(),
+    ));
     if !token.is_cancelled() {
         let deleter = Controller::new(
             "garbagecollector",
@@ -242,8 +232,106 @@ async fn run(client: Client, metrics: Metrics, workers: usize, token: Cancellati
         );
         futures::future::join(deleter.run(token.clone()), orphaner.run(token.clone())).await;
     }
-    futures::future::join_all(tasks).await;
+    if let Ok(monitors) = resync.await {
+        futures::future::join_all(monitors.running.into_values().map(|(_, _, t)| t)).await;
+    }
     builder.abort();
+}
+
+/// How often discovery is read again for resources that came or went.
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// The running monitors, by resource (group/version/plural).
+#[derive(Default)]
+struct Monitors {
+    running: HashMap<
+        String,
+        (
+            Informer<Meta>,
+            CancellationToken,
+            tokio::task::JoinHandle<()>,
+        ),
+    >,
+}
+
+fn monitor_key(s: &Served) -> String {
+    format!("{}/{}", s.resource.api_version, s.resource.plural)
+}
+
+impl Monitors {
+    fn start(
+        &mut self,
+        client: &Client,
+        served: Served,
+        tx: &mpsc::UnboundedSender<(Served, Change<Meta>)>,
+        token: &CancellationToken,
+    ) {
+        let informer: Informer<Meta> = Informer::new(
+            metadata_api(client, &served, None),
+            watcher::Config::default(),
+        );
+        let (tx, s) = (tx.clone(), served.clone());
+        informer.on_change(move |c| {
+            let change = match c {
+                Change::Added(o) => Change::Added(o.clone()),
+                Change::Updated { old, new } => Change::Updated {
+                    old: old.clone(),
+                    new: new.clone(),
+                },
+                Change::Deleted(o) => Change::Deleted(o.clone()),
+            };
+            let _ = tx.send((s.clone(), change));
+        });
+        let child = token.child_token();
+        let task = tokio::spawn(informer.clone().run(child.clone()));
+        self.running
+            .insert(monitor_key(&served), (informer, child, task));
+    }
+}
+
+/// Re-reads discovery every [`RESYNC`]: monitors start for new resources (a custom resource
+/// defined since) and stop for resources no longer served. Returns the monitors when
+/// cancelled.
+async fn resync(
+    client: Client,
+    shared: Arc<Shared>,
+    mut monitors: Monitors,
+    tx: mpsc::UnboundedSender<(Served, Change<Meta>)>,
+    token: CancellationToken,
+) -> Monitors {
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return monitors,
+            _ = tokio::time::sleep(RESYNC) => {}
+        }
+        let Some(found) = discovery::discover(&client, &token).await else {
+            return monitors;
+        };
+        let wanted: HashMap<String, Served> = found
+            .collectable()
+            .into_iter()
+            .map(|s| (monitor_key(&s), s))
+            .collect();
+        let gone: Vec<String> = monitors
+            .running
+            .keys()
+            .filter(|k| !wanted.contains_key(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some((_, t, _)) = monitors.running.remove(&k) {
+                tracing::info!(resource = %k, "garbage collector stops monitoring");
+                t.cancel();
+            }
+        }
+        for (k, s) in wanted {
+            if !monitors.running.contains_key(&k) {
+                tracing::info!(resource = %k, "garbage collector monitors a new resource");
+                monitors.start(&client, s, &tx, &token);
+            }
+        }
+        *shared.resources.write().unwrap_or_else(|p| p.into_inner()) = found;
+    }
 }
 
 struct AttemptToDelete {

@@ -164,12 +164,19 @@ pub fn compile(kind: &GroupKind, build: SchemaBuilder) -> Type {
     let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
     let root = build(&mut generator).to_value();
     let defs: Map<String, Value> = generator.take_definitions(true);
-    let compiler = Compiler { defs: &defs };
+    let compiler = Compiler {
+        defs: &defs,
+        open: Default::default(),
+    };
     compiler.node(&root, schema_for(kind).unwrap_or(&EMPTY), 0)
 }
 
 struct Compiler<'a> {
     defs: &'a Map<String, Value>,
+    /// The definitions being compiled on the current path: a recursive type
+    /// (apiextensions' JSONSchemaProps) is atomic where it recurs instead of expanding without
+    /// end.
+    open: std::cell::RefCell<Vec<String>>,
 }
 
 impl Compiler<'_> {
@@ -202,6 +209,25 @@ impl Compiler<'_> {
             return Type::Scalar;
         }
         let (s, name) = self.resolve(s);
+        if let Some(n) = name {
+            if self.open.borrow().iter().any(|o| o == n) {
+                return Type::Scalar;
+            }
+            self.open.borrow_mut().push(n.to_string());
+            let t = self.node_of(s, name, strategy, depth);
+            self.open.borrow_mut().pop();
+            return t;
+        }
+        self.node_of(s, name, strategy, depth)
+    }
+
+    fn node_of(
+        &self,
+        s: &Value,
+        name: Option<&str>,
+        strategy: &'static Strategy,
+        depth: usize,
+    ) -> Type {
         let types: Vec<&str> = match s.get("type") {
             Some(Value::String(t)) => vec![t.as_str()],
             Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),

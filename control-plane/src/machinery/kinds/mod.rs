@@ -6,6 +6,7 @@
 //! k8s-openapi type inside where that helps.
 
 mod admissionregistration;
+pub mod apiextensions;
 mod apps;
 mod autoscaling;
 pub mod batch;
@@ -74,6 +75,13 @@ pub fn tracks_generation(group: &str, kind: &str) -> bool {
     )
 }
 
+static CUSTOM_RESOURCE_DEFINITION: KindRules = KindRules {
+    default: apiextensions::default,
+    validate: apiextensions::validate,
+    columns: common::default_columns,
+    row: common::default_row,
+    field: common::meta_field,
+};
 static PRIORITY_CLASS: KindRules = KindRules {
     default: scheduling::default,
     validate: scheduling::validate,
@@ -365,6 +373,7 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("", "PersistentVolumeClaim") => &PERSISTENT_VOLUME_CLAIM,
         (certificates::GROUP, "CertificateSigningRequest") => &CERTIFICATE_SIGNING_REQUEST,
         (scheduling::GROUP, "PriorityClass") => &PRIORITY_CLASS,
+        (apiextensions::GROUP, "CustomResourceDefinition") => &CUSTOM_RESOURCE_DEFINITION,
         (hpa::GROUP, "HorizontalPodAutoscaler") => &HPA,
         (policy::GROUP, "PodDisruptionBudget") => &POD_DISRUPTION_BUDGET,
         _ => return None,

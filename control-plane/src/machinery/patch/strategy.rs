@@ -295,6 +295,7 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         | ("discovery.k8s.io", "EndpointSlice")
         | ("coordination.k8s.io", "Lease")
         | ("scheduling.k8s.io", "PriorityClass")
+        | ("apiextensions.k8s.io", "CustomResourceDefinition")
         | ("events.k8s.io", "Event")
         | ("apps", "ControllerRevision")
         | ("autoscaling", "Scale")

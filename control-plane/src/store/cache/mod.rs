@@ -36,6 +36,27 @@ pub type FieldFn = Arc<dyn Fn(&Value, &str) -> Option<String> + Send + Sync>;
 /// Which objects a list or watch wants.
 pub type Filter = Arc<dyn Fn(&CachedObject) -> bool + Send + Sync>;
 
+/// The prefix of the one cache that holds every custom resource's objects (keys
+/// `/registry/<group>/<plural>/[<namespace>/]<name>` whose group has a dot, as every
+/// CustomResourceDefinition's group must). Lists and watches of one custom resource name its
+/// own prefix within it.
+pub const CUSTOM_PREFIX: &str = "/registry/";
+
+/// Whether a key belongs to the cache of `prefix`.
+fn holds(prefix: &str, key: &str) -> bool {
+    if prefix != CUSTOM_PREFIX {
+        return key.starts_with(prefix);
+    }
+    let Some(rest) = key.strip_prefix(CUSTOM_PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.splitn(3, '/');
+    let (group, plural, name) = (parts.next(), parts.next(), parts.next());
+    group.is_some_and(|g| g.contains('.') && !g.starts_with('.'))
+        && plural.is_some_and(|p| !p.is_empty())
+        && name.is_some_and(|n| !n.is_empty())
+}
+
 /// What the cache keeps for one resource (one key prefix).
 #[derive(Clone)]
 pub struct CacheSpec {
@@ -421,10 +442,17 @@ impl Cache {
         self.publish(rev);
     }
 
+    /// The resource a key belongs to: a built-in resource's own prefix first, then the cache
+    /// of custom resources.
     fn index_of_key(&self, key: &str) -> Option<usize> {
         self.resources
             .iter()
-            .position(|r| key.starts_with(&r.spec.prefix))
+            .position(|r| r.spec.prefix != CUSTOM_PREFIX && holds(&r.spec.prefix, key))
+            .or_else(|| {
+                self.resources
+                    .iter()
+                    .position(|r| holds(&r.spec.prefix, key))
+            })
     }
 
     /// The cache of the resource stored under `prefix`.
