@@ -381,8 +381,150 @@ fn definitions_survive_a_restart() {
     assert_eq!(w["spec"]["size"], 2);
 }
 
+/// A kind declared in Rust, as operators declare theirs.
+#[derive(
+    kube::CustomResource, serde::Serialize, serde::Deserialize, Clone, Debug, schemars::JsonSchema,
+)]
+#[kube(
+    group = "kube.example.com",
+    version = "v1",
+    kind = "Gadget",
+    namespaced,
+    status = "GadgetStatus",
+    shortname = "gd",
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".spec.size"}"#
+)]
+pub struct GadgetSpec {
+    size: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+    #[serde(default)]
+    parts: Vec<String>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, schemars::JsonSchema)]
+pub struct GadgetStatus {
+    ready: bool,
+}
+
+fn kube_rs_derived_kind_round_trips() {
+    use futures::StreamExt;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+    use kube::runtime::{conditions, wait::await_condition, watcher, WatchStreamExt};
+    use kube::CustomResourceExt;
+
+    let f = start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(f.server.kubeconfig()).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &Gadget::crd())
+            .await
+            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            await_condition(
+                crds,
+                "gadgets.kube.example.com",
+                conditions::is_crd_established(),
+            ),
+        )
+        .await
+        .expect("established in time")
+        .unwrap();
+
+        let gadgets: Api<Gadget> = Api::namespaced(client.clone(), "default");
+        let mut events = watcher(gadgets.clone(), watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        let mut g = Gadget::new(
+            "one",
+            GadgetSpec {
+                size: 3,
+                note: None,
+                parts: vec![],
+            },
+        );
+        g.spec.note = Some("first".into());
+        let created = gadgets.create(&PostParams::default(), &g).await.unwrap();
+        assert_eq!(created.spec.size, 3);
+        let seen = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .expect("the watcher sees the object")
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.metadata.name.as_deref(), Some("one"));
+
+        // Status through the subresource; server-side apply of the spec.
+        gadgets
+            .patch_status(
+                "one",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"ready": true}})),
+            )
+            .await
+            .unwrap();
+        let applied = serde_json::json!({"apiVersion": "kube.example.com/v1", "kind": "Gadget",
+            "metadata": {"name": "one"}, "spec": {"size": 4, "parts": ["a"]}});
+        let after = gadgets
+            .patch(
+                "one",
+                &PatchParams::apply("gadget-test").force(),
+                &Patch::Apply(applied),
+            )
+            .await
+            .unwrap();
+        assert_eq!(after.spec.size, 4);
+        assert_eq!(after.spec.parts, vec!["a".to_string()]);
+        assert!(after.status.unwrap().ready);
+
+        // A second object; a field selector on the name; delete.
+        gadgets
+            .create(
+                &PostParams::default(),
+                &Gadget::new(
+                    "two",
+                    GadgetSpec {
+                        size: 1,
+                        note: None,
+                        parts: vec![],
+                    },
+                ),
+            )
+            .await
+            .unwrap();
+        let one = gadgets
+            .list(&ListParams::default().fields("metadata.name=two"))
+            .await
+            .unwrap();
+        assert_eq!(one.items.len(), 1);
+        assert_eq!(
+            gadgets
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len(),
+            2
+        );
+        gadgets
+            .delete("one", &DeleteParams::default())
+            .await
+            .unwrap();
+        assert!(gadgets.get_opt("one").await.unwrap().is_none());
+    });
+    let table = f.k.ok(&["get", "gd"]);
+    assert!(table.lines().next().unwrap().contains("SIZE"), "{table}");
+}
+
 on_both_stores!(
     sync: definition_validates_prunes_defaults_and_prints,
+    kube_rs_derived_kind_round_trips,
     bad_definitions_are_refused_with_field_paths,
     two_versions_and_deletion_cascade,
     definitions_survive_a_restart,

@@ -194,7 +194,13 @@ pub async fn create_object(
     ] {
         m.remove(k);
     }
-    if r.status_on_create == StatusOnCreate::Reset {
+    if r.custom().is_some() && r.status_on_create == StatusOnCreate::Reset {
+        // A custom resource with a status subresource starts without one (Kubernetes'
+        // PrepareForCreate drops it: an empty status could break the schema's required).
+        if let Some(o) = obj.as_object_mut() {
+            o.remove("status");
+        }
+    } else if r.status_on_create == StatusOnCreate::Reset {
         let status = match r.kind {
             "Pod" => json!({"phase": "Pending"}),
             "Namespace" => json!({"phase": "Active"}),
