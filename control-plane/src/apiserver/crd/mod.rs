@@ -385,7 +385,7 @@ fn build(crd: &Value) -> Result<Vec<&'static Resource>, Vec<FieldError>> {
 /// `x-kubernetes-list-type` (`map` with its keys, `set`, atomic otherwise), and `metadata`
 /// is ObjectMeta's type.
 fn managed_type(schema: &Value) -> Type {
-    let mut root = node_type(schema, 0);
+    let mut root = fieldmanager::schema::from_structural(schema, 0);
     if let Type::Map { fields, .. } = &mut root {
         fields.insert("metadata".into(), object_meta_type());
         fields.insert("apiVersion".into(), Type::Scalar);
@@ -400,90 +400,6 @@ fn object_meta_type() -> Type {
         <k8s_openapi::api::core::v1::ConfigMap as schemars::JsonSchema>::json_schema,
     );
     t.child("metadata").cloned().unwrap_or(Type::Scalar)
-}
-
-fn node_type(s: &Value, depth: usize) -> Type {
-    if depth > 40 {
-        return Type::Scalar;
-    }
-    let ty = s.get("type").and_then(Value::as_str).unwrap_or("");
-    let preserve = s
-        .get("x-kubernetes-preserve-unknown-fields")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    match ty {
-        "array" => {
-            let elem = s
-                .get("items")
-                .map(|i| node_type(i, depth + 1))
-                .unwrap_or(Type::Scalar);
-            let kind = match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
-                Some("map") => fieldmanager::schema::ListKind::Map(
-                    s.get("x-kubernetes-list-map-keys")
-                        .and_then(Value::as_array)
-                        .map(|keys| {
-                            keys.iter()
-                                .filter_map(Value::as_str)
-                                .map(|k| fieldmanager::schema::ListKey {
-                                    name: k.to_string(),
-                                    default: s
-                                        .pointer(&format!("/items/properties/{k}/default"))
-                                        .cloned(),
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                ),
-                Some("set") => fieldmanager::schema::ListKind::Set,
-                _ => fieldmanager::schema::ListKind::Atomic,
-            };
-            Type::List {
-                elem: Box::new(elem),
-                kind,
-            }
-        }
-        "object" | ""
-            if s.get("properties").is_some()
-                || s.get("additionalProperties").is_some()
-                || preserve
-                || ty == "object" =>
-        {
-            let fields: BTreeMap<String, Type> = s
-                .get("properties")
-                .and_then(Value::as_object)
-                .map(|p| {
-                    p.iter()
-                        .map(|(k, v)| (k.clone(), node_type(v, depth + 1)))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let elem = match s.get("additionalProperties") {
-                Some(Value::Object(a)) => {
-                    Some(Box::new(node_type(&Value::Object(a.clone()), depth + 1)))
-                }
-                _ if preserve || fields.is_empty() => Some(Box::new(Type::Scalar)),
-                _ => None,
-            };
-            let atomic = s.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic");
-            let required = s
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(Value::as_str)
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default();
-            Type::Map {
-                fields,
-                elem,
-                atomic,
-                required,
-            }
-        }
-        _ => Type::Scalar,
-    }
 }
 
 /// The Table columns of a custom resource: NAME, then its printer columns.

@@ -251,16 +251,7 @@ impl Compiler<'_> {
             fields.insert(f.clone(), self.field(name, f, fs, strategy, depth + 1));
         }
         let elem = additional.map(|a| Box::new(self.node(a, &EMPTY, depth + 1)));
-        let required = s
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| {
-                r.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let required = required_of(s);
         Type::Map {
             fields,
             elem,
@@ -325,6 +316,99 @@ impl Compiler<'_> {
             }
         }
         t
+    }
+}
+
+/// A schema's `required` field names.
+fn required_of(s: &Value) -> Vec<String> {
+    s.get("required")
+        .and_then(Value::as_array)
+        .map(|r| {
+            r.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The managed-fields type of a CustomResourceDefinition's structural schema (JSON): objects
+/// with properties are granular maps (atomic with `x-kubernetes-map-type: atomic`),
+/// `additionalProperties` and preserve-unknown-fields maps granular maps of their element,
+/// lists per `x-kubernetes-list-type` (`map` with its keys, `set`, atomic otherwise).
+pub fn from_structural(s: &Value, depth: usize) -> Type {
+    if depth > 40 {
+        return Type::Scalar;
+    }
+    let ty = s.get("type").and_then(Value::as_str).unwrap_or("");
+    let preserve = s
+        .get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    match ty {
+        "array" => {
+            let elem = s
+                .get("items")
+                .map(|i| from_structural(i, depth + 1))
+                .unwrap_or(Type::Scalar);
+            let kind = match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
+                Some("map") => ListKind::Map(
+                    s.get("x-kubernetes-list-map-keys")
+                        .and_then(Value::as_array)
+                        .map(|keys| {
+                            keys.iter()
+                                .filter_map(Value::as_str)
+                                .map(|k| ListKey {
+                                    name: k.to_string(),
+                                    default: s
+                                        .pointer(&format!("/items/properties/{k}/default"))
+                                        .cloned(),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                ),
+                Some("set") => ListKind::Set,
+                _ => ListKind::Atomic,
+            };
+            Type::List {
+                elem: Box::new(elem),
+                kind,
+            }
+        }
+        "object" | ""
+            if s.get("properties").is_some()
+                || s.get("additionalProperties").is_some()
+                || preserve
+                || ty == "object" =>
+        {
+            let fields: BTreeMap<String, Type> = s
+                .get("properties")
+                .and_then(Value::as_object)
+                .map(|p| {
+                    p.iter()
+                        .map(|(k, v)| (k.clone(), from_structural(v, depth + 1)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let elem = match s.get("additionalProperties") {
+                Some(Value::Object(a)) => Some(Box::new(from_structural(
+                    &Value::Object(a.clone()),
+                    depth + 1,
+                ))),
+                _ if preserve || fields.is_empty() => Some(Box::new(Type::Scalar)),
+                _ => None,
+            };
+            let atomic = s.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic");
+            let required = required_of(s);
+            Type::Map {
+                fields,
+                elem,
+                atomic,
+                required,
+            }
+        }
+        _ => Type::Scalar,
     }
 }
 
