@@ -253,8 +253,9 @@ async fn deleting_a_namespace_deletes_its_content_then_itself() {
     c.shutdown().await;
 }
 
-/// A custom resource defined after the collector started (found by its discovery resync) is
-/// collected when its owner goes.
+/// A custom object is collected when its owner goes (its kind defined while the cluster
+/// runs: found by the collector's first discovery or by its 30 s resync, whichever comes
+/// after the definition).
 #[tokio::test]
 async fn custom_objects_are_collected_with_their_owner() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -306,7 +307,7 @@ async fn custom_objects_are_collected_with_their_owner() {
         .delete("owner", &DeleteParams::background())
         .await
         .unwrap();
-    // The collector rereads discovery every 30 s: within two rounds.
+    // At worst one resync (30 s) after the definition.
     wait_until_async(
         "the gizmo is collected",
         Duration::from_secs(90),

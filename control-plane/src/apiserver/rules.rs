@@ -91,17 +91,7 @@ pub fn validate_ephemeral(new: &Value, old: &Value) -> Vec<FieldError> {
 /// The value of a field-selector field.
 pub fn field(r: &Resource, obj: &Value, path: &str) -> Option<String> {
     if r.custom().is_some() {
-        let at = |p: &str| {
-            obj.pointer(p)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        return match path {
-            "metadata.name" => Some(at("/metadata/name")),
-            "metadata.namespace" => Some(at("/metadata/namespace")),
-            _ => None,
-        };
+        return kinds::meta_field(obj, path);
     }
     kind_rules(r).and_then(|k| (k.field)(obj, path))
 }

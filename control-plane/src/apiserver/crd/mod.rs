@@ -182,19 +182,7 @@ pub fn cache_spec() -> CacheSpec {
         prefix: CUSTOM_PREFIX.to_string(),
         fields: vec!["metadata.name", "metadata.namespace"],
         indexed: vec!["metadata.namespace"],
-        field_fn: Arc::new(|v: &Value, f: &str| {
-            let at = |p: &str| {
-                v.pointer(p)
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            };
-            match f {
-                "metadata.name" => Some(at("/metadata/name")),
-                "metadata.namespace" => Some(at("/metadata/namespace")),
-                _ => None,
-            }
-        }),
+        field_fn: Arc::new(crate::machinery::kinds::meta_field),
     }
 }
 
@@ -291,15 +279,11 @@ fn build(crd: &Value) -> Result<Vec<&'static Resource>, Vec<FieldError>> {
         .unwrap_or_default();
     let mut out = Vec::new();
     for v in versions {
-        let raw = raw_versions
-            .iter()
-            .find(|r| r["name"] == v.name.as_str())
-            .cloned()
-            .unwrap_or(Value::Null);
         let i = raw_versions
             .iter()
             .position(|r| r["name"] == v.name.as_str())
             .unwrap_or(0);
+        let raw = raw_versions.get(i).cloned().unwrap_or(Value::Null);
         let schema_value = raw
             .pointer("/schema/openAPIV3Schema")
             .cloned()

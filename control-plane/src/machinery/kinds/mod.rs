@@ -32,7 +32,7 @@ use serde_json::Value;
 use super::status::FieldError;
 use super::table::TableColumnDefinition;
 
-pub use common::{format_labels, format_selector};
+pub use common::{format_labels, format_selector, meta_field};
 pub use pod::{
     add_default_tolerations, default_pod_spec, default_pull_policy, qos_class,
     validate_ephemeral_update, validate_pod_spec, validate_toleration, DEFAULT_TOLERATION_SECONDS,
