@@ -925,13 +925,19 @@ mod tests {
     async fn repair_writes_missing_claims_and_frees_leaks_after_two_passes() {
         let a = allocator();
         let r = find("", "v1", "services").unwrap();
-        // A Service stored before claims existed holds an address and a port.
-        let old = named("d", "old", svc("NodePort", "10.96.0.3", 30001));
         // A crash after claiming for "gone", before writing it: a leak.
         let mut gone = named("d", "gone", svc("ClusterIP", "", 0));
         let leak = a.allocate_create(r, &mut gone, false).await.unwrap();
         std::mem::forget(leak);
         let leaked: Ipv4Addr = gone["spec"]["clusterIP"].as_str().unwrap().parse().unwrap();
+        // A Service stored before claims existed holds an address and a port;
+        // its address is not the leaked one (the allocator picks at random).
+        let held = if leaked == Ipv4Addr::new(10, 96, 0, 3) {
+            "10.96.0.4"
+        } else {
+            "10.96.0.3"
+        };
+        let old = named("d", "old", svc("NodePort", held, 30001));
         let services = || async { Ok(vec![old.clone()]) };
         let first = a.repair(services).await.unwrap();
         assert_eq!(
@@ -943,7 +949,7 @@ mod tests {
             }
         );
         // The old Service's address is the store's now: nobody else gets it.
-        let mut s = named("d", "other", svc("ClusterIP", "10.96.0.3", 0));
+        let mut s = named("d", "other", svc("ClusterIP", held, 0));
         let e = a.allocate_create(r, &mut s, false).await.unwrap_err();
         assert!(e.message.contains("already allocated"), "{}", e.message);
         let second = a.repair(services).await.unwrap();
