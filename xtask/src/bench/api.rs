@@ -141,12 +141,22 @@ pub(super) struct Sample {
     name: String,
     variant: Variant,
     concurrency: usize,
-    latencies: Vec<Duration>,
-    elapsed: Duration,
+    pub(super) latencies: Vec<Duration>,
+    pub(super) elapsed: Duration,
 }
 
 impl Sample {
-    fn pct(&self, p: f64) -> Duration {
+    /// Latencies measured elsewhere, over `elapsed` of wall-clock time.
+    pub(super) fn of(name: &str, latencies: Vec<Duration>, elapsed: Duration) -> Sample {
+        Sample {
+            name: name.to_string(),
+            variant: Variant::TlsRbac,
+            concurrency: 1,
+            latencies,
+            elapsed,
+        }
+    }
+    pub(super) fn pct(&self, p: f64) -> Duration {
         let mut v = self.latencies.clone();
         v.sort();
         if v.is_empty() {
@@ -154,7 +164,7 @@ impl Sample {
         }
         v[((v.len() - 1) as f64 * p).round() as usize]
     }
-    fn rate(&self) -> f64 {
+    pub(super) fn rate(&self) -> f64 {
         self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
@@ -169,7 +179,20 @@ fn cm(name: &str, annotations: serde_json::Value) -> ConfigMap {
 }
 
 pub fn run_bench(opts: Opts) -> Result<()> {
-    eprintln!("bench api: building control-plane (release)");
+    let bin = release_control_plane()?;
+    let scratch = tempdir()?;
+    let result = match opts.store {
+        StoreArg::Embedded => security_run(&opts, &bin, &scratch),
+        StoreArg::Etcd => store_run(&opts, &bin, &scratch),
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+/// Builds the release `control-plane` (with the authorization example: `bench api` and
+/// `bench crd` share one build) and returns its path.
+pub(super) fn release_control_plane() -> Result<PathBuf> {
+    eprintln!("bench: building control-plane (release; cargo's progress follows)");
     // The server and the authorization example in one build: the example pulls the
     // package's dev-dependencies in, which changes feature unification, so building them
     // apart compiles the control-plane library (the longest crate) twice.
@@ -185,17 +208,10 @@ pub fn run_bench(opts: Opts) -> Result<()> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
-    let bin = target.join("release/control-plane");
-    let scratch = tempdir()?;
-    let result = match opts.store {
-        StoreArg::Embedded => security_run(&opts, &bin, &scratch),
-        StoreArg::Etcd => store_run(&opts, &bin, &scratch),
-    };
-    let _ = std::fs::remove_dir_all(&scratch);
-    result
+    Ok(target.join("release/control-plane"))
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -383,7 +399,7 @@ impl Servers<'_> {
     }
 }
 
-fn tempdir() -> Result<PathBuf> {
+pub(super) fn tempdir() -> Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("skiff-bench-api-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     Ok(d)
@@ -735,7 +751,7 @@ async fn watch_latency(
     })
 }
 
-fn rss_kib(pid: u32) -> Result<u64> {
+pub(super) fn rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
@@ -744,7 +760,7 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .context("VmRSS")
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 

@@ -5,6 +5,7 @@ pub mod api;
 pub mod api_authz;
 pub mod api_tls;
 pub mod client;
+pub mod crd;
 pub mod density;
 pub mod dns;
 pub mod jobs;
@@ -38,6 +39,9 @@ pub enum BenchCmd {
     /// The Job controller: a Job of 100 and of 1,000 trivial pods on 2 nodes, creation to
     /// Complete, pods completed per second against the smallest Job.
     Jobs(jobs::Opts),
+    /// CustomResourceDefinitions: create p99 and paged-list throughput of 10,000 custom
+    /// objects (schema + CEL) next to as many ConfigMaps in the same run.
+    Crd(crd::Opts),
 }
 
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -49,6 +53,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Density(opts) => density::run_bench(opts),
         BenchCmd::Dns(opts) => dns::run_bench(opts),
         BenchCmd::Jobs(opts) => jobs::run_bench(opts),
+        BenchCmd::Crd(opts) => crd::run_bench(opts),
     }
 }
 
