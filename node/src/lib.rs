@@ -1,6 +1,7 @@
 //! node: skiff's node agent (a kubelet) as a library; the binary in main.rs is a thin shell.
 //!
-//! Rooms: `agent` (registration, Lease, the pod watch, routes: the API side), `server` (the
+//! Rooms: `agent` (registration, Lease, the pod watch, routes: the API side), `apibalancer`
+//! (the node's client-side balancer over several API servers), `server` (the
 //! kubelet API over HTTPS, /healthz, /metrics), `api_auth` (who may call it: client
 //! certificates or TokenReview, then SubjectAccessReview), `metrics`, `names` and `layout` (every name and path derived from the node name and data
 //! dir), `containerd` (the supervised runtime and its generated config), `cri` (the CRI gRPC
@@ -12,6 +13,7 @@
 
 pub mod agent;
 pub mod api_auth;
+pub mod apibalancer;
 pub mod bootstrap;
 pub mod cgroups;
 pub mod cni;

@@ -80,6 +80,14 @@ enum Command {
         /// ("" for none).
         #[arg(long, default_value = "/etc/resolv.conf")]
         resolv_conf: PathBuf,
+        /// Several API servers (`host:port`, comma-separated): the agent runs a balancer on
+        /// --api-balancer-listen that relays each connection to one that answers, failing
+        /// over when it dies; the kubeconfigs on the node then name that address.
+        #[arg(long, value_delimiter = ',')]
+        api_servers: Vec<SocketAddr>,
+        /// Where the API balancer listens (with --api-servers).
+        #[arg(long, default_value = "127.0.0.1:6444")]
+        api_balancer_listen: SocketAddr,
     },
     /// Remove everything a stopped agent left on this machine: its pods, its containerd's
     /// state, its bridge and cgroups (the agent itself leaves pods running on exit).
@@ -119,7 +127,18 @@ async fn main() -> Result<()> {
             cluster_dns,
             cluster_domain,
             resolv_conf,
+            api_servers,
+            api_balancer_listen,
         } => {
+            // First: TLS bootstrap may already go through it. Lives as long as the agent.
+            let _balancer = match api_servers.is_empty() {
+                true => None,
+                false => Some(
+                    node::apibalancer::Balancer::start(api_balancer_listen, api_servers)
+                        .await
+                        .with_context(|| format!("the API balancer on {api_balancer_listen}"))?,
+                ),
+            };
             let api_tls =
                 node::server::ApiTls::read(&tls_cert_file, &tls_private_key_file, &client_ca_file)?;
             let name = match name {
