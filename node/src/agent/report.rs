@@ -89,20 +89,43 @@ pub fn start(
     ApiReporter { tx, node, events }
 }
 
+/// How long a failed write waits before it is tried again when nothing else comes (an API
+/// server that died mid-request, its clients failing over; the kubelet's status manager
+/// resyncs every 10 s).
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn writer(
     client: Client,
     metrics: Arc<Metrics>,
     starts: Arc<StartTimes>,
     mut rx: mpsc::UnboundedReceiver<Out>,
 ) {
-    while let Some(first) = rx.recv().await {
+    // Writes that failed, tried again with the next batch (a newer status of the same pod
+    // replaces its failed one).
+    let mut retry: Vec<(PodRef, Box<PodStatus>)> = Vec::new();
+    let mut retry_finish: Vec<PodRef> = Vec::new();
+    loop {
+        let first = if retry.is_empty() && retry_finish.is_empty() {
+            match rx.recv().await {
+                Some(o) => Some(o),
+                None => return,
+            }
+        } else {
+            tokio::select! {
+                o = rx.recv() => match o {
+                    Some(o) => Some(o),
+                    None => return,
+                },
+                _ = tokio::time::sleep(RETRY) => None,
+            }
+        };
         // Take everything queued: only the newest status of each pod is written.
-        let mut batch = vec![first];
+        let mut batch: Vec<Out> = first.into_iter().collect();
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
         }
-        let mut statuses: Vec<(PodRef, Box<PodStatus>)> = Vec::new();
-        let mut finished = Vec::new();
+        let mut statuses = std::mem::take(&mut retry);
+        let mut finished = std::mem::take(&mut retry_finish);
         for out in batch {
             match out {
                 Out::Status(p, s) => match statuses.iter_mut().find(|(q, _)| q.uid == p.uid) {
@@ -115,40 +138,51 @@ async fn writer(
         let writes = statuses.into_iter().map(|(p, s)| {
             let (client, metrics, starts) = (client.clone(), metrics.clone(), starts.clone());
             async move {
-                if s.phase.as_deref() == Some("Running") {
+                let done = write_status(&client, &p, &s, &metrics).await;
+                if done && s.phase.as_deref() == Some("Running") {
                     if let Some(secs) = starts.running(&p.uid) {
                         metrics.pod_start_seconds.observe(secs);
                     }
                 }
-                write_status(&client, &p, *s, &metrics).await
+                (!done).then_some((p, s))
             }
         });
-        futures::future::join_all(writes).await;
+        retry = futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
         // After the statuses: a pod's last status is written before its object goes.
         for p in finished {
-            finish_deletion(&client, &p, &metrics).await;
+            if !finish_deletion(&client, &p, &metrics).await {
+                retry_finish.push(p);
+            }
         }
     }
 }
 
-async fn write_status(client: &Client, p: &PodRef, status: PodStatus, metrics: &Metrics) {
+/// Writes a pod's status; false when it should be tried again (the pod being gone is done).
+async fn write_status(client: &Client, p: &PodRef, status: &PodStatus, metrics: &Metrics) -> bool {
     let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
-    let patch = serde_json::json!({"status": status});
+    let patch = serde_json::json!({ "status": status });
     match api
         .patch_status(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
         Ok(_) => {
             metrics.pod_status_writes.inc();
+            true
         }
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            debug!(pod = %p, "status for a pod that is gone")
+            debug!(pod = %p, "status for a pod that is gone");
+            true
         }
         Err(e) => {
             metrics.api_errors.inc();
-            warn!(pod = %p, error = %e, "writing pod status failed")
+            warn!(pod = %p, error = %e, "writing pod status failed; trying again");
+            false
         }
-    };
+    }
 }
 
 /// The Event the kubelet writes for `e`, emitted at `t`, named `<pod>.<t in hex nanoseconds>`
@@ -185,8 +219,9 @@ fn pod_event(node: &NodeName, p: &PodRef, e: PodEvent, t: Time) -> Event {
     }
 }
 
-/// The pod is gone from the node: remove its object (grace 0, only this incarnation).
-async fn finish_deletion(client: &Client, p: &PodRef, metrics: &Metrics) {
+/// The pod is gone from the node: remove its object (grace 0, only this incarnation);
+/// false when it should be tried again.
+async fn finish_deletion(client: &Client, p: &PodRef, metrics: &Metrics) -> bool {
     let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
@@ -197,11 +232,12 @@ async fn finish_deletion(client: &Client, p: &PodRef, metrics: &Metrics) {
         ..Default::default()
     };
     match api.delete(&p.name, &dp).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => true,
         Err(e) => {
             metrics.api_errors.inc();
-            warn!(pod = %p, error = %e, "removing the deleted pod failed")
+            warn!(pod = %p, error = %e, "removing the deleted pod failed; trying again");
+            false
         }
     }
 }
