@@ -7,6 +7,7 @@
 pub mod apiserver;
 pub mod cgroup;
 pub mod cluster;
+pub mod etcd;
 pub mod kubeconfig;
 pub mod kubectl;
 pub mod netns;

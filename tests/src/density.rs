@@ -22,6 +22,8 @@ pub struct Params {
     pub step_timeout: Duration,
     /// The node whose node-level client loops through the ClusterIP.
     pub client_node: usize,
+    /// The pods' preStop pause (see [`deployment`]); their grace period is 20 s longer.
+    pub pre_stop_secs: u64,
 }
 
 impl Default for Params {
@@ -32,6 +34,7 @@ impl Default for Params {
             scale_to: 10,
             step_timeout: Duration::from_secs(600),
             client_node: 1,
+            pre_stop_secs: 10,
         }
     }
 }
@@ -97,12 +100,12 @@ fn deployment(p: &Params) -> serde_json::Value {
             "template": {
                 "metadata": {"labels": {"app": p.name}},
                 "spec": {
-                    "terminationGracePeriodSeconds": 30,
+                    "terminationGracePeriodSeconds": p.pre_stop_secs + 20,
                     "containers": [{
                         "name": "echo", "image": ECHO_IMAGE,
                         "ports": [{"containerPort": 8080}],
                         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1},
-                        "lifecycle": {"preStop": {"exec": {"command": ["/echo", "sleep", "10"]}}}
+                        "lifecycle": {"preStop": {"exec": {"command": ["/echo", "sleep", p.pre_stop_secs.to_string()]}}}
                     }]
                 }
             }

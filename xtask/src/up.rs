@@ -9,6 +9,9 @@
 //! everything.
 //! The kubectl plugin `kubectl-skiff` (`kubectl skiff trace`) is installed in /usr/local/bin.
 //!
+//! `cargo xtask up --control-planes 3`: three API servers (each with controllers and
+//! scheduler, leader-elected) on a 3-member etcd; see `Spec::control_planes`.
+//!
 //! `cargo xtask up --proxy-only`: only the service proxy, in the foreground, on a manifests
 //! directory (no cluster).
 
@@ -33,6 +36,12 @@ pub struct Opts {
     /// the bridge (default: .200 to .250 of the subnet; `none` leaves them pending).
     #[arg(long)]
     lb_pool: Option<String>,
+    /// Control-plane servers: 1 (the embedded store) or 3 (a 3-member etcd on loopback,
+    /// each server at its own address .251 up of the subnet, controllers and scheduler
+    /// leader-elected among them, each node agent balancing over them, kubectl through the
+    /// relay at the bridge's address, which fails over too).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    control_planes: u8,
     /// The API server's port on the bridge's address (the first of the subnet).
     #[arg(long, default_value_t = 6443)]
     api_port: u16,
@@ -111,6 +120,7 @@ pub fn up(opts: Opts) -> Result<()> {
     );
     spec.nodes = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
     spec.api_port = opts.api_port;
+    spec.control_planes = usize::from(opts.control_planes);
     let [a, b, c] = opts.subnet.0;
     let pool = opts
         .lb_pool

@@ -17,13 +17,14 @@ pub mod proxy_daemonset;
 pub mod relay;
 pub mod state;
 
+use crate::etcd;
 use crate::kubeconfig::KubeconfigAccess;
 use crate::kubectl::Kubectl;
 use crate::netns::NetNs;
 use network::Subnet;
 use process::{Placement, Priority};
 use relay::{Forward, Relay};
-pub use state::{Binaries, NodeState, State};
+pub use state::{Binaries, NodeState, ServerState, State};
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -104,7 +105,25 @@ pub struct Spec {
     /// and waited for; node agents get `--cluster-dns` and `--cluster-domain`. Its pods
     /// reach the API through the `kubernetes` Service: with [`Spec::own_pod_network`].
     pub cluster_dns: bool,
+    /// Control-plane servers. One: on the embedded store, at the bridge's address. More:
+    /// a 3-member etcd on loopback and that many `control-plane server`s on it, each at an
+    /// address of its own on the bridge ([`Subnet::control_plane`]) sharing the cluster CA
+    /// and the service-account key (controllers and scheduler leader-elected among them);
+    /// the host's kubectl reaches them through the relay at the bridge's address, which
+    /// fails over, and every node agent runs its own balancer over them
+    /// ([`NODE_API_BALANCER`]), which the node's kubeconfigs and proxy name.
+    pub control_planes: usize,
 }
+
+/// Where each node agent's API balancer listens, in the node's network namespace, with
+/// several control planes (node/src/apibalancer.rs).
+pub const NODE_API_BALANCER: &str = "127.0.0.1:6444";
+/// The etcd members of a cluster with several control planes.
+pub const ETCD_MEMBERS: usize = 3;
+/// The API port of several control planes when the spec leaves it to the launcher (each
+/// server has an address of its own, so the port can be the same for all, as Kubernetes'
+/// `kubernetes` endpoints need).
+const HA_API_PORT: u16 = 6443;
 
 /// How each node's service proxy runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -178,6 +197,7 @@ impl Spec {
             tls_bootstrap: false,
             proxy: ProxyDeployment::Process,
             cluster_dns: false,
+            control_planes: 1,
         }
     }
 }
@@ -247,6 +267,8 @@ impl Cluster {
             relay: None,
             relay_program: None,
             control_plane: None,
+            servers: Vec::new(),
+            etcd: Vec::new(),
             bpffs: spec.state_dir.join("bpffs"),
             bpffs_mounted: false,
             nodes: Vec::new(),
@@ -301,11 +323,24 @@ impl Cluster {
             c.state.bpffs_mounted = true;
             Ok(())
         })?;
-        self.step("control plane: API server, controllers, scheduler", |c| {
-            c.start_control_plane(spec)
-        })?;
-        let registry_relay =
-            self.step("relay: the registry to the nodes", |c| c.start_relay(spec))?;
+        let registry_relay = if spec.control_planes > 1 {
+            let n = spec.control_planes;
+            let members = self.step(&format!("etcd: {ETCD_MEMBERS} members on loopback"), |c| {
+                c.start_etcd()
+            })?;
+            self.step(&format!("control planes: {n} servers on etcd"), |c| {
+                c.start_servers(spec, &members)
+            })?;
+            self.step(
+                "relay: the registry to the nodes, the API to the host",
+                |c| c.start_relay(spec),
+            )?
+        } else {
+            self.step("control plane: API server, controllers, scheduler", |c| {
+                c.start_control_plane(spec)
+            })?;
+            self.step("relay: the registry to the nodes", |c| c.start_relay(spec))?
+        };
         self.write_node_kubeconfig()?;
         self.write_proxy_kubeconfig()?;
         if spec.tls_bootstrap {
@@ -353,7 +388,7 @@ impl Cluster {
     /// through the API and waits until a proxy pod is Ready on every node and each node's
     /// proxy answers /healthz (its initial sync is done).
     fn deploy_proxy(&mut self) -> Result<(), Error> {
-        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
+        let api = self.node_api()?;
         let list = proxy_daemonset::manifest(&proxy_daemonset::ClusterValues {
             api,
             bpffs: &self.state.bpffs,
@@ -436,21 +471,40 @@ impl Cluster {
     }
 
     fn start_control_plane(&mut self, spec: &Spec) -> Result<(), Error> {
-        let kubeconfig = self.kubeconfig();
-        let _ = std::fs::remove_file(&kubeconfig);
+        // The bridge's address, as a control-plane node's address on the node network: the
+        // host (kubectl), the nodes and the pods (through the `kubernetes` Service, whose
+        // endpoint this is) reach it there; every request is authenticated.
+        let listen = SocketAddr::from((spec.subnet.host(), spec.api_port));
+        let (kubeconfig, data_dir) = (self.kubeconfig(), self.state_dir.join("control-plane"));
+        let pid = self.spawn_server(spec, &data_dir, listen, &kubeconfig, "control-plane", &[])?;
+        self.state.control_plane = Some(pid);
+        self.save()?;
+        let server = self.wait_server(spec, pid, &kubeconfig, &self.log("control-plane"))?;
+        self.state.api = Some(server);
+        Ok(())
+    }
+
+    /// `control-plane server` with its data directory, address and admin kubeconfig; its pid.
+    fn spawn_server(
+        &self,
+        spec: &Spec,
+        data_dir: &Path,
+        listen: SocketAddr,
+        kubeconfig: &Path,
+        log: &str,
+        extra: &[String],
+    ) -> Result<u32, Error> {
+        let _ = std::fs::remove_file(kubeconfig);
         let mut cmd = Command::new(&spec.binaries.control_plane);
         cmd.arg("server")
             .arg("--data-dir")
-            .arg(self.state_dir.join("control-plane"))
-            // The bridge's address, as a control-plane node's address on the node network:
-            // the host (kubectl), the nodes and the pods (through the `kubernetes` Service,
-            // whose endpoint this is) reach it there; every request is authenticated.
+            .arg(data_dir)
             .arg("--listen")
-            .arg(SocketAddr::from((spec.subnet.host(), spec.api_port)).to_string())
+            .arg(listen.to_string())
             .arg("--write-kubeconfig")
-            .arg(&kubeconfig)
+            .arg(kubeconfig)
             .arg("--advertise-address")
-            .arg(spec.subnet.host().to_string())
+            .arg(listen.ip().to_string())
             // Port 0: several clusters (and other tests) on one machine never collide.
             .args([
                 "--controller-manager-bind-address",
@@ -458,39 +512,164 @@ impl Cluster {
                 "--scheduler-bind-address",
                 "127.0.0.1:0",
             ])
+            .args(extra)
             .args(&spec.control_plane_args);
-        let pid = process::spawn(
+        process::spawn(
             &mut cmd,
-            &self.log("control-plane"),
+            &self.log(log),
             Placement {
                 priority: Priority::System,
                 ..Placement::default()
             },
-        )?;
-        self.state.control_plane = Some(pid);
-        self.save()?;
+        )
+    }
+
+    /// Waits until the server `pid` has written `kubeconfig` and answers /readyz; where it
+    /// serves.
+    fn wait_server(
+        &self,
+        spec: &Spec,
+        pid: u32,
+        kubeconfig: &Path,
+        log: &Path,
+    ) -> Result<SocketAddr, Error> {
         let program = process::program_name(&spec.binaries.control_plane);
         let access = wait_for("the control plane's kubeconfig", READY_TIMEOUT, || {
             if !process::alive(pid, &program) {
-                return Err(format!(
-                    "control-plane exited; see {}",
-                    self.log("control-plane").display()
-                ));
+                return Err(format!("control-plane exited; see {}", log.display()));
             }
-            KubeconfigAccess::read(&kubeconfig)
+            KubeconfigAccess::read(kubeconfig)
         })?;
         let server = &access.server;
         let addr: SocketAddr = server
             .trim_start_matches("https://")
             .parse()
             .map_err(|e| Error::new(format!("server {server}: {e}")))?;
-        self.state.api = Some(addr);
         wait_for("the API server /readyz", READY_TIMEOUT, || {
             match access.get("/readyz", Duration::from_secs(5))? {
                 (200, _) => Ok(()),
                 (code, body) => Err(format!("status {code}: {body}")),
             }
-        })
+        })?;
+        Ok(addr)
+    }
+
+    /// Several control planes: etcd members on loopback ports (recorded as they start);
+    /// their client ports once all are healthy.
+    fn start_etcd(&mut self) -> Result<Vec<u16>, Error> {
+        let dir = self.state_dir.join("etcd");
+        std::fs::create_dir_all(&dir).map_err(io_err(dir.display()))?;
+        let members: Vec<(String, u16, u16)> = (0..ETCD_MEMBERS)
+            .map(|i| (format!("m{i}"), etcd::free_port(), etcd::free_port()))
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|(name, _, peer)| format!("{name}={}", etcd::loopback_url(*peer)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("skiff-{}", self.state.name);
+        for (name, client_port, peer_port) in &members {
+            let mut cmd = etcd::member_command(&etcd::MemberSpec {
+                name,
+                data_dir: &dir.join(name),
+                client_port: *client_port,
+                peer_port: *peer_port,
+                initial_cluster: &initial_cluster,
+                token: &token,
+            });
+            let pid = process::spawn(
+                &mut cmd,
+                &self.log(&format!("etcd-{name}")),
+                Placement {
+                    priority: Priority::System,
+                    ..Placement::default()
+                },
+            )?;
+            self.state.etcd.push(pid);
+            self.save()?;
+        }
+        for (name, client_port, _) in &members {
+            wait_for(
+                &format!("etcd member {name} healthy"),
+                READY_TIMEOUT,
+                || etcd::health(*client_port),
+            )?;
+        }
+        Ok(members.iter().map(|m| m.1).collect())
+    }
+
+    /// Several control planes on the etcd at `etcd_ports`, one after the other: the first
+    /// makes the cluster CA and the service-account key, the others start with copies of
+    /// them (as `kubeadm join --control-plane` copies them), each at its own address on the
+    /// bridge and the same port.
+    fn start_servers(&mut self, spec: &Spec, etcd_ports: &[u16]) -> Result<(), Error> {
+        let endpoints: Vec<String> = etcd_ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let extra = [
+            "--store".to_string(),
+            format!("etcd://{}", endpoints.join(",")),
+            // The host's kubectl reaches every server through the relay at the bridge's
+            // address: a name in each server's certificate.
+            "--tls-san".to_string(),
+            spec.subnet.host().to_string(),
+        ];
+        let port = ha_api_port(spec);
+        for i in 0..spec.control_planes {
+            let ip = spec.subnet.control_plane(i);
+            network::add_bridge_address(&self.state.bridge, ip)?;
+            let (data_dir, kubeconfig) = match i {
+                0 => (self.state_dir.join("control-plane"), self.kubeconfig()),
+                _ => {
+                    let d = self.state_dir.join(format!("control-plane-{i}"));
+                    (d.clone(), d.join("admin.kubeconfig"))
+                }
+            };
+            if i > 0 {
+                copy_shared_pki(&self.state_dir.join("control-plane"), &data_dir)?;
+            }
+            let log = format!("control-plane-{i}");
+            let addr = SocketAddr::from((ip, port));
+            let pid = self.spawn_server(spec, &data_dir, addr, &kubeconfig, &log, &extra)?;
+            self.state.servers.push(ServerState {
+                pid: Some(pid),
+                addr,
+                data_dir,
+                log: self.log(&log),
+            });
+            if i == 0 {
+                self.state.control_plane = Some(pid);
+                self.state.api = Some(addr);
+            }
+            self.save()?;
+            self.wait_server(spec, pid, &kubeconfig, &self.log(&log))?;
+        }
+        Ok(())
+    }
+
+    /// SIGKILL the `i`-th of several control-plane servers and wait until it is gone.
+    pub fn kill_server(&mut self, i: usize) -> Result<(), Error> {
+        let s = self
+            .state
+            .servers
+            .get(i)
+            .ok_or_else(|| Error::new(format!("no control-plane server {i}")))?;
+        let program = process::program_name(&self.state.binaries.control_plane);
+        if let Some(pid) = s.pid.filter(|p| process::alive(*p, &program)) {
+            // SAFETY: kill(2) on a pid verified to run the control plane.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            wait_for(
+                "the killed server gone",
+                READY_TIMEOUT,
+                || match process::alive(pid, &program) {
+                    true => Err("still running".to_string()),
+                    false => Ok(()),
+                },
+            )?;
+        }
+        self.state.servers[i].pid = None;
+        self.save()
     }
 
     /// The registry relay; returns the address nodes pull from.
@@ -499,15 +678,23 @@ impl Cluster {
             RelayMode::Threads => 0,
             RelayMode::Process { registry_port, .. } => *registry_port,
         };
-        let forwards = [Forward {
-            listen: SocketAddr::from((spec.subnet.host(), registry_port)),
-            to: spec.registry,
-        }];
+        let mut forwards = vec![Forward::new(
+            SocketAddr::from((spec.subnet.host(), registry_port)),
+            spec.registry,
+        )];
+        if !self.state.servers.is_empty() {
+            // The host's kubectl: the bridge's address, relayed to a server that answers.
+            forwards.push(Forward {
+                listen: SocketAddr::from((spec.subnet.host(), ha_api_port(spec))),
+                to: self.state.servers.iter().map(|s| s.addr).collect(),
+            });
+        }
         match &spec.relay {
             RelayMode::Threads => {
                 let relay = Relay::start(&forwards).map_err(io_err("starting the relay"))?;
                 let bound = relay.bound[0];
                 self.relay = Some(relay);
+                self.point_admin_at_relay()?;
                 Ok(bound)
             }
             RelayMode::Process { program, args, .. } => {
@@ -531,34 +718,59 @@ impl Cluster {
                             .map_err(|e| e.to_string())
                     })?;
                 }
+                self.point_admin_at_relay()?;
                 Ok(forwards[0].listen)
             }
         }
     }
 
-    /// The kubeconfig nodes use: the admin's, with the API server at its bridge address.
+    /// The kubeconfig nodes use: the admin's, with the API server where nodes reach it
+    /// ([`Cluster::node_api`]).
     fn write_node_kubeconfig(&self) -> Result<(), Error> {
-        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
         let text = std::fs::read_to_string(self.kubeconfig())
             .map_err(io_err(self.kubeconfig().display()))?;
-        let rewritten: String = text
-            .lines()
-            .map(|l| match l.trim_start().strip_prefix("server:") {
-                Some(_) => {
-                    let indent = &l[..l.len() - l.trim_start().len()];
-                    format!("{indent}server: https://{api}\n")
-                }
-                None => format!("{l}\n"),
-            })
-            .collect();
-        write_private(&self.node_kubeconfig(), &rewritten)
+        write_private(
+            &self.node_kubeconfig(),
+            &with_server(&text, self.node_api()?),
+        )
+    }
+
+    /// With several control planes, the admin kubeconfig names the relay at the bridge's
+    /// address (which fails over) instead of the first server.
+    fn point_admin_at_relay(&mut self) -> Result<(), Error> {
+        let Some(first) = self.state.servers.first() else {
+            return Ok(());
+        };
+        let lb = SocketAddr::new(
+            self.state
+                .subnet
+                .parse::<Subnet>()
+                .map_err(Error::new)?
+                .host()
+                .into(),
+            first.addr.port(),
+        );
+        let text = std::fs::read_to_string(self.kubeconfig())
+            .map_err(io_err(self.kubeconfig().display()))?;
+        write_private(&self.kubeconfig(), &with_server(&text, lb))?;
+        self.state.api = Some(lb);
+        self.save()
+    }
+
+    /// Where node-level clients (agents, proxies) reach the API: the API address, or with
+    /// several control planes each node agent's balancer ([`NODE_API_BALANCER`]).
+    fn node_api(&self) -> Result<SocketAddr, Error> {
+        if !self.state.servers.is_empty() {
+            return Ok(NODE_API_BALANCER.parse().expect("a valid address"));
+        }
+        self.state.api.ok_or_else(|| Error::new("no API server"))
     }
 
     /// The service proxies' kubeconfig: `system:kube-proxy` with a client certificate of the
     /// cluster CA (bound to `system:node-proxier` by the bootstrap policy), the API server at
     /// its bridge address.
     fn write_proxy_kubeconfig(&self) -> Result<(), Error> {
-        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
+        let api = self.node_api()?;
         command_output(
             Command::new(&self.state.binaries.control_plane)
                 .arg("kubeconfig")
@@ -577,7 +789,7 @@ impl Cluster {
     /// written by the real `control-plane token create --write-kubeconfig` (the token is
     /// never printed): what node agents join with under TLS bootstrap.
     fn write_bootstrap_kubeconfig(&self, spec: &Spec) -> Result<(), Error> {
-        let api = self.state.api.ok_or_else(|| Error::new("no API server"))?;
+        let api = self.node_api()?;
         command_output(
             Command::new(&spec.binaries.control_plane)
                 .args(["token", "create", "--kubeconfig"])
@@ -653,6 +865,17 @@ impl Cluster {
             .arg(format!("docker.io=http://{registry_relay}"))
             .arg("--eviction-hard")
             .arg(&spec.eviction_hard);
+        if !self.state.servers.is_empty() {
+            let servers: Vec<String> = self
+                .state
+                .servers
+                .iter()
+                .map(|s| s.addr.to_string())
+                .collect();
+            cmd.arg("--api-servers")
+                .arg(servers.join(","))
+                .args(["--api-balancer-listen", NODE_API_BALANCER]);
+        }
         if spec.cluster_dns {
             // Pods resolve through the cluster DNS; the node's own resolver configuration
             // (dnsPolicy Default, hostNetwork pods, the DNS's upstreams) names no server, so
@@ -914,6 +1137,40 @@ impl Drop for Cluster {
     }
 }
 
+/// The API port of several control planes.
+fn ha_api_port(spec: &Spec) -> u16 {
+    match spec.api_port {
+        0 => HA_API_PORT,
+        p => p,
+    }
+}
+
+/// What every API server of a cluster shares, copied from the first one's data directory
+/// into another's: the cluster CA (certificates and signing) and the service-account token
+/// key (a token one server issued is valid on all).
+fn copy_shared_pki(from: &Path, to: &Path) -> Result<(), Error> {
+    let (src, dst) = (from.join("pki"), to.join("pki"));
+    std::fs::create_dir_all(&dst).map_err(io_err(dst.display()))?;
+    for f in ["ca.crt", "ca.key", "sa.key"] {
+        let text = std::fs::read_to_string(src.join(f)).map_err(io_err(src.join(f).display()))?;
+        write_private(&dst.join(f), &text)?;
+    }
+    Ok(())
+}
+
+/// `text` (a kubeconfig) with every `server:` naming `https://<api>`.
+fn with_server(text: &str, api: SocketAddr) -> String {
+    text.lines()
+        .map(|l| match l.trim_start().strip_prefix("server:") {
+            Some(_) => {
+                let indent = &l[..l.len() - l.trim_start().len()];
+                format!("{indent}server: https://{api}\n")
+            }
+            None => format!("{l}\n"),
+        })
+        .collect()
+}
+
 /// The service proxies' user, bound to `system:node-proxier` as kube-proxy is.
 pub const PROXY_USER: &str = "system:kube-proxy";
 
@@ -962,7 +1219,10 @@ fn write_private(path: &Path, text: &str) -> Result<(), Error> {
 pub fn running(state_dir: &Path) -> Result<Option<State>, Error> {
     Ok(State::load(state_dir)?.filter(|s| {
         let program = process::program_name(&s.binaries.control_plane);
-        s.control_plane.is_some_and(|p| process::alive(p, &program))
+        s.control_plane
+            .into_iter()
+            .chain(s.servers.iter().filter_map(|s| s.pid))
+            .any(|p| process::alive(p, &program))
     }))
 }
 
@@ -1044,6 +1304,19 @@ pub fn down(state_dir: &Path) -> Result<Vec<String>, Error> {
         .is_some_and(|p| process::stop(p, &cp, Duration::from_secs(30)))
     {
         done.push("control plane".into());
+    }
+    for (i, server) in s.servers.iter().enumerate() {
+        if server
+            .pid
+            .is_some_and(|p| process::stop(p, &cp, Duration::from_secs(30)))
+        {
+            done.push(format!("control-plane server {i}"));
+        }
+    }
+    for (i, pid) in s.etcd.iter().enumerate() {
+        if process::stop(*pid, "etcd", Duration::from_secs(10)) {
+            done.push(format!("etcd member m{i}"));
+        }
     }
     if let (Some(pid), Some(program)) = (s.relay, &s.relay_program) {
         if process::stop(pid, program, Duration::from_secs(5)) {

@@ -59,6 +59,12 @@ impl Subnet {
         self.addr(2 + i as u8)
     }
 
+    /// The address of the `i`-th of several control-plane servers (0-based; `.251` up, a
+    /// second address of the host's bridge).
+    pub fn control_plane(&self, i: usize) -> Ipv4Addr {
+        self.addr(251 + i as u8)
+    }
+
     fn addr(&self, last: u8) -> Ipv4Addr {
         let [a, b, c] = self.0;
         Ipv4Addr::new(a, b, c, last)
@@ -115,6 +121,13 @@ pub fn create_bridge(name: &str, subnet: Subnet) -> Result<(), Error> {
     nl.add_bridge(name)?;
     nl.add_address(name, subnet.host_address())?;
     nl.set_up(name)?;
+    Ok(())
+}
+
+/// Adds `ip` (with the subnet's /24) to the bridge, beside the host's address.
+pub fn add_bridge_address(bridge: &str, ip: Ipv4Addr) -> Result<(), Error> {
+    let net = Ipv4Net::new(ip, 24).map_err(|e| Error::new(e.to_string()))?;
+    host()?.add_address(bridge, net)?;
     Ok(())
 }
 

@@ -1,39 +1,59 @@
 //! A TCP relay: the local registry listens on loopback only (it has no authentication), and
 //! nodes in their own network namespaces reach it at the host bridge's address through the
 //! relay, which keeps it off every other interface of the machine. The relay copies bytes.
+//! A forward may name several targets (the API servers of a cluster with several control
+//! planes, for the host's kubectl): a connection goes to the target that took the last one,
+//! or to the next one that accepts within [`CONNECT_TIMEOUT`] when that one does not.
 
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-/// `listen` forwarded to `to`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How long a connection to one target may take before the next is tried.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `listen` forwarded to one of `to` (tried in turn from the last that answered).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Forward {
     pub listen: SocketAddr,
-    pub to: SocketAddr,
+    pub to: Vec<SocketAddr>,
+}
+
+impl Forward {
+    pub fn new(listen: SocketAddr, to: SocketAddr) -> Forward {
+        Forward {
+            listen,
+            to: vec![to],
+        }
+    }
 }
 
 impl std::str::FromStr for Forward {
     type Err = String;
 
-    /// `LISTEN=TO`, e.g. `10.249.0.1:6443=127.0.0.1:6443`.
+    /// `LISTEN=TO[,TO...]`, e.g. `10.249.0.1:6443=127.0.0.1:6443`.
     fn from_str(s: &str) -> Result<Forward, String> {
         let (l, t) = s
             .split_once('=')
-            .ok_or_else(|| format!("{s}: expected LISTEN=TO"))?;
+            .ok_or_else(|| format!("{s}: expected LISTEN=TO[,TO...]"))?;
         Ok(Forward {
             listen: l.parse().map_err(|e| format!("{l}: {e}"))?,
-            to: t.parse().map_err(|e| format!("{t}: {e}"))?,
+            to: t
+                .split(',')
+                .map(|t| t.parse().map_err(|e| format!("{t}: {e}")))
+                .collect::<Result<_, _>>()?,
         })
     }
 }
 
 impl std::fmt::Display for Forward {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}={}", self.listen, self.to)
+        let to: Vec<String> = self.to.iter().map(ToString::to_string).collect();
+        write!(f, "{}={}", self.listen, to.join(","))
     }
 }
 
@@ -57,7 +77,7 @@ impl Relay {
             let listener = TcpListener::bind(f.listen)?;
             bound.push(listener.local_addr()?);
             listeners.push(listener.try_clone()?);
-            let (stop, to) = (stop.clone(), f.to);
+            let (stop, to) = (stop.clone(), f.to.clone());
             threads.push(std::thread::spawn(move || accept_loop(listener, to, &stop)));
         }
         Ok(Relay {
@@ -78,20 +98,37 @@ impl Relay {
     }
 }
 
-fn accept_loop(listener: TcpListener, to: SocketAddr, stop: &AtomicBool) {
+fn accept_loop(listener: TcpListener, to: Vec<SocketAddr>, stop: &AtomicBool) {
+    let targets = Arc::new((to, AtomicUsize::new(0)));
     for inbound in listener.incoming() {
         if stop.load(Ordering::Relaxed) {
             return;
         }
         let Ok(inbound) = inbound else { continue };
+        let targets = targets.clone();
         std::thread::spawn(move || {
             super::process::raise_thread_priority();
-            // A refused or unreachable target closes the client's connection: it retries.
-            if let Ok(outbound) = TcpStream::connect(to) {
+            // No target answering closes the client's connection: it retries.
+            if let Some(outbound) = connect(&targets.0, &targets.1) {
                 pipe(inbound, outbound);
             }
         });
     }
+}
+
+/// A connection to the first of `to` that accepts, from `current` on (which then names it).
+fn connect(to: &[SocketAddr], current: &AtomicUsize) -> Option<TcpStream> {
+    let start = current.load(Ordering::Relaxed);
+    (0..to.len()).find_map(|k| {
+        let i = (start + k) % to.len();
+        let s = match to.len() {
+            1 => TcpStream::connect(to[i]),
+            _ => TcpStream::connect_timeout(&to[i], CONNECT_TIMEOUT),
+        };
+        let s = s.ok()?;
+        current.store(i, Ordering::Relaxed);
+        Some(s)
+    })
 }
 
 /// Copies both ways until each side has closed its half.
@@ -140,11 +177,7 @@ mod tests {
             c.read_to_end(&mut buf).unwrap();
             c.write_all(&buf).unwrap();
         });
-        let relay = Relay::start(&[Forward {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            to,
-        }])
-        .unwrap();
+        let relay = Relay::start(&[Forward::new("127.0.0.1:0".parse().unwrap(), to)]).unwrap();
         let mut c = TcpStream::connect(relay.bound[0]).unwrap();
         c.write_all(b"hello").unwrap();
         c.shutdown(Shutdown::Write).unwrap();
@@ -162,5 +195,22 @@ mod tests {
         let f: Forward = "10.0.0.1:6443=127.0.0.1:7000".parse().unwrap();
         assert_eq!(f.to_string(), "10.0.0.1:6443=127.0.0.1:7000");
         assert!("10.0.0.1:6443".parse::<Forward>().is_err());
+        let f: Forward = "10.0.0.1:6443=10.0.0.2:6443,10.0.0.3:6443".parse().unwrap();
+        assert_eq!(f.to.len(), 2);
+        assert_eq!(f.to_string(), "10.0.0.1:6443=10.0.0.2:6443,10.0.0.3:6443");
+    }
+
+    #[test]
+    fn fails_over_to_the_next_target_and_stays_there() {
+        let gone = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let live = TcpListener::bind("127.0.0.1:0").unwrap();
+        let current = AtomicUsize::new(0);
+        let s = connect(&[gone, live.local_addr().unwrap()], &current).expect("the live one");
+        assert_eq!(s.peer_addr().unwrap(), live.local_addr().unwrap());
+        assert_eq!(current.load(Ordering::Relaxed), 1);
+        assert!(connect(&[gone], &AtomicUsize::new(0)).is_none());
     }
 }

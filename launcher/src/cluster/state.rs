@@ -63,6 +63,17 @@ impl NodeState {
     }
 }
 
+/// One of several control-plane servers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerState {
+    pub pid: Option<u32>,
+    /// Where it serves (its own address on the bridge).
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct State {
     pub name: String,
@@ -76,6 +87,13 @@ pub struct State {
     pub relay: Option<u32>,
     pub relay_program: Option<String>,
     pub control_plane: Option<u32>,
+    /// With several control planes: each `control-plane server` (the first is also
+    /// `control_plane`).
+    #[serde(default)]
+    pub servers: Vec<ServerState>,
+    /// With several control planes: the etcd members' processes.
+    #[serde(default)]
+    pub etcd: Vec<u32>,
     /// The cluster's private bpffs mount.
     pub bpffs: PathBuf,
     pub bpffs_mounted: bool,

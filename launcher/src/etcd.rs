@@ -1,0 +1,101 @@
+//! etcd members as skiff runs them (Debian's etcd-server): the command line of one member
+//! of a cluster on loopback, and the client-API probes (health, who leads). The clusters of
+//! several control planes (`cluster`, `xtask up --control-planes 3`) and the tests' etcd
+//! (skiff-tests) are both made of these.
+
+use std::path::Path;
+use std::process::Command;
+
+/// One member's identity in its cluster.
+pub struct MemberSpec<'a> {
+    pub name: &'a str,
+    pub data_dir: &'a Path,
+    pub client_port: u16,
+    pub peer_port: u16,
+    /// `name=peer-url,...` of every member.
+    pub initial_cluster: &'a str,
+    /// Unique per cluster on the machine.
+    pub token: &'a str,
+}
+
+/// `http://127.0.0.1:<port>`
+pub fn loopback_url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+/// `etcd ...` for a member listening on loopback only (clients and peers): no address a
+/// node or a pod can reach. Elections are fast (heartbeat 10 ms, election 100 ms), as for
+/// members on one machine.
+pub fn member_command(m: &MemberSpec<'_>) -> Command {
+    let client = loopback_url(m.client_port);
+    let peer = loopback_url(m.peer_port);
+    let mut cmd = Command::new("etcd");
+    cmd.args(["--name", m.name])
+        .arg("--data-dir")
+        .arg(m.data_dir)
+        .args(["--listen-client-urls", &client])
+        .args(["--advertise-client-urls", &client])
+        .args(["--listen-peer-urls", &peer])
+        .args(["--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", m.initial_cluster])
+        .args(["--initial-cluster-state", "new"])
+        .args(["--initial-cluster-token", m.token])
+        .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
+        .args(["--logger", "zap", "--log-outputs", "stderr"]);
+    cmd
+}
+
+/// `GET /health` says `"health":"true"`.
+pub fn health(client_port: u16) -> Result<(), String> {
+    let body = ureq::get(&format!("{}/health", loopback_url(client_port)))
+        .call()
+        .map_err(|e| e.to_string())?
+        .into_body()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    if body.contains("\"health\":\"true\"") {
+        Ok(())
+    } else {
+        Err(body)
+    }
+}
+
+/// The member's `/v3/maintenance/status` (its header carries its revision and member id).
+pub fn status(client_port: u16) -> Result<serde_json::Value, String> {
+    let body = ureq::post(&format!(
+        "{}/v3/maintenance/status",
+        loopback_url(client_port)
+    ))
+    .send("{}")
+    .map_err(|e| e.to_string())?
+    .into_body()
+    .read_to_string()
+    .map_err(|e| e.to_string())?;
+    serde_json::from_str(&body).map_err(|e| e.to_string())
+}
+
+/// The newest revision the member on `client_port` has applied.
+pub fn revision(client_port: u16) -> Result<u64, String> {
+    let v = status(client_port)?;
+    v["header"]["revision"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .ok_or_else(|| format!("no revision in {v}"))
+}
+
+/// Whether the member on `client_port` is the leader (its status says the leader is
+/// itself).
+pub fn is_leader(client_port: u16) -> Result<bool, String> {
+    let v = status(client_port)?;
+    let member = v["header"]["member_id"].as_str().unwrap_or_default();
+    let leader = v["leader"].as_str().unwrap_or("-");
+    Ok(!member.is_empty() && member == leader)
+}
+
+/// A free loopback port (bound, then released for a member to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
