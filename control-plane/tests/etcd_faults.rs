@@ -3,7 +3,9 @@
 //! is there afterwards, the API answers again once a new leader is elected, and a watch that
 //! was open before the kill sees every object exactly once, in revision order (no gap, no
 //! duplicate), without being ended (the watch cache resumes its etcd watch from the next
-//! revision).
+//! revision). And one member (the leader) cut off from its peers for 30 s (its peer
+//! traffic dropped by iptables, matched by its port and its cgroup) and healed: writes go
+//! on, none acknowledged is lost, and the member catches up to the others' revision.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -196,5 +198,185 @@ async fn the_etcd_leader_killed_during_a_burst_of_writes_loses_nothing() {
     // The killed member comes back and catches up; the API keeps serving.
     etcd.restart(leader);
     create_acked(&cms, "after-restart").await.unwrap();
+    server.shutdown().await;
+}
+
+/// Drops one etcd member's peer traffic on loopback (iptables, OUTPUT on lo): everything to
+/// or from its peer port, and what its own cgroup sends to the other members' peer ports.
+/// Its clients' port stays open. The rules go on Drop.
+struct PeerCut {
+    rules: Vec<Vec<String>>,
+}
+
+impl PeerCut {
+    fn new(peer_port: u16, cgroup: &std::path::Path, others: &[u16]) -> PeerCut {
+        let rel = cgroup
+            .strip_prefix(skiff_tests::cgroup::v2_root())
+            .expect("a cgroup under the v2 root")
+            .to_string_lossy()
+            .into_owned();
+        let base = |extra: &[&str]| -> Vec<String> {
+            ["OUTPUT", "-o", "lo", "-p", "tcp"]
+                .iter()
+                .chain(extra)
+                .chain(["-j", "DROP"].iter())
+                .map(|s| s.to_string())
+                .collect()
+        };
+        let mut rules = vec![
+            base(&["--dport", &peer_port.to_string()]),
+            base(&["--sport", &peer_port.to_string()]),
+        ];
+        for p in others {
+            rules.push(base(&[
+                "-m",
+                "cgroup",
+                "--path",
+                &rel,
+                "--dport",
+                &p.to_string(),
+            ]));
+        }
+        for r in &rules {
+            let ok = std::process::Command::new("iptables")
+                .args(["-w", "-I"])
+                .args(r)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "iptables -I {r:?}");
+        }
+        PeerCut { rules }
+    }
+}
+
+impl Drop for PeerCut {
+    fn drop(&mut self) {
+        for r in &self.rules {
+            let _ = std::process::Command::new("iptables")
+                .args(["-w", "-D"])
+                .args(r)
+                .status();
+        }
+    }
+}
+
+/// One member of three (the leader: the worst case) cut off from its peers for 30 s while
+/// writers keep writing through the API server, then healed: writes go on during the cut
+/// (the other two are a quorum), every acknowledged write is stored at the revision it was
+/// acknowledged at, and the cut member catches up to the same revision (the cluster
+/// converges).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_member_cut_off_for_30_s_loses_no_write_and_converges() {
+    let groups: Vec<skiff_tests::cgroup::Cgroup> = (0..3)
+        .map(|i| skiff_tests::cgroup::Cgroup::new(&format!("etcd-m{i}")))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = EtcdCluster::plan_in(dir.path(), 3);
+    for (i, g) in groups.iter().enumerate() {
+        etcd.set_cgroup(i, g.path());
+    }
+    etcd.start_all();
+    let data = tempfile::tempdir().unwrap();
+    let mut config = Config::new(data.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    let mut store = EtcdConfig::new(etcd.endpoints());
+    store.compaction_interval = Duration::ZERO;
+    config.store = Backend::Etcd(store);
+    let server = Server::start(config).await.unwrap();
+    let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+
+    // Two writers write until told to stop, retrying what the cut interrupts.
+    let acked = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (cms, acked, stop) = (cms.clone(), acked.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let name = format!("c{w}-{i:04}");
+                    let rv = create_acked(&cms, &name).await?;
+                    acked.lock().unwrap().insert(name, rv);
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok::<(), String>(())
+            })
+        })
+        .collect();
+    wait_until_async("writes are flowing", Duration::from_secs(60), || async {
+        match acked.lock().unwrap().len() {
+            n if n >= 20 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+
+    let cut = etcd.leader().expect("an etcd leader");
+    let members = etcd.members();
+    let others: Vec<u16> = (0..3)
+        .filter(|&j| j != cut)
+        .map(|j| members[j].peer_port)
+        .collect();
+    let before = acked.lock().unwrap().len();
+    let rules = PeerCut::new(members[cut].peer_port, groups[cut].path(), &others);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let during = acked.lock().unwrap().len() - before;
+    drop(rules);
+    println!("writes acknowledged during the 30 s cut: {during}");
+    assert!(
+        during > 0,
+        "the two members left are a quorum: writes must go on"
+    );
+    // A few more after the heal, then stop.
+    let healed = acked.lock().unwrap().len();
+    wait_until_async("writes after the heal", Duration::from_secs(60), || async {
+        match acked.lock().unwrap().len() {
+            n if n >= healed + 20 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap().unwrap();
+    }
+
+    // No acknowledged write is lost.
+    let acked = acked.lock().unwrap().clone();
+    let listed: BTreeMap<String, u64> = cms
+        .list(&ListParams::default().labels("burst=yes"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| (o.metadata.name.clone().unwrap(), rv_of(o)))
+        .collect();
+    for (name, rv) in &acked {
+        assert_eq!(listed.get(name), Some(rv), "acknowledged {name} at {rv}");
+    }
+    // The cut member converges: every member at the same revision, past the last write.
+    let last = acked.values().copied().max().unwrap();
+    let ports: Vec<u16> = members.iter().map(|m| m.client_port).collect();
+    wait_until_async(
+        "every member at the same revision",
+        Duration::from_secs(60),
+        || {
+            let ports = ports.clone();
+            async move {
+                let revs: Vec<u64> = ports
+                    .iter()
+                    .map(|p| skiff_tests::etcd::revision(*p).unwrap_or(0))
+                    .collect();
+                match revs.iter().all(|r| *r == revs[0] && *r >= last) {
+                    true => Ok(()),
+                    false => Err(revs),
+                }
+            }
+        },
+    )
+    .await;
     server.shutdown().await;
 }

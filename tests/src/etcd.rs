@@ -4,7 +4,6 @@
 //! per test binary, started once: tests keep apart by a key prefix of their own
 //! ([`unique_prefix`]), which keeps the etcd start-up out of every test's time.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +21,9 @@ pub struct Member {
     pub client_port: u16,
     pub peer_port: u16,
     data_dir: PathBuf,
+    /// A cgroup v2 directory the member runs in (its sockets are matched by it: a test
+    /// cuts its peer traffic with `iptables -m cgroup`).
+    cgroup: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -33,7 +35,7 @@ impl Member {
 
     /// `http://127.0.0.1:<peer port>`
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        skiff_launcher::etcd::loopback_url(self.peer_port)
     }
 
     /// Where the member keeps its data.
@@ -89,13 +91,8 @@ fn remove_stale_dirs() {
     }
 }
 
-/// A free loopback port (bound, then released for the member to take).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
+pub use skiff_launcher::etcd::{free_port, health, revision};
+use skiff_launcher::etcd::{is_leader, member_command, MemberSpec};
 
 impl EtcdCluster {
     /// Starts `n` members under a fresh temporary directory and waits until all are healthy.
@@ -129,6 +126,7 @@ impl EtcdCluster {
                 client_port: free_port(),
                 peer_port: free_port(),
                 data_dir: dir.join(format!("m{i}")),
+                cgroup: None,
                 child: None,
             })
             .collect();
@@ -153,6 +151,11 @@ impl EtcdCluster {
         for i in 0..self.members.len() {
             self.wait_healthy(i);
         }
+    }
+
+    /// Member `i` runs in the cgroup v2 directory `dir` from its next start.
+    pub fn set_cgroup(&mut self, i: usize, dir: &Path) {
+        self.members[i].cgroup = Some(dir.to_path_buf());
     }
 
     /// `name=peer-url,...` of every member.
@@ -183,28 +186,24 @@ impl EtcdCluster {
             .append(true)
             .open(self.dir.join(format!("{}.log", m.name)))
             .expect("opening the etcd log");
-        let client = format!("http://127.0.0.1:{}", m.client_port);
-        let peer = m.peer_url();
-        let mut cmd = Command::new("etcd");
-        cmd.args(["--name", &m.name])
-            .arg("--data-dir")
-            .arg(&m.data_dir)
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &self.initial_cluster])
-            .args(["--initial-cluster-state", "new"])
-            .args([
-                "--initial-cluster-token",
-                &format!("skiff-{}", self.dir.display()),
-            ])
-            // Fast elections for tests (ENVIRONMENT.md: healthy in < 0.3 s).
-            .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
-            .args(["--logger", "zap", "--log-outputs", "stderr"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+        let token = format!("skiff-{}", self.dir.display());
+        let mut cmd = member_command(&MemberSpec {
+            name: &m.name,
+            data_dir: &m.data_dir,
+            client_port: m.client_port,
+            peer_port: m.peer_port,
+            initial_cluster: &self.initial_cluster,
+            token: &token,
+        });
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        if let Some(dir) = &m.cgroup {
+            skiff_launcher::cluster::process::Placement {
+                cgroup: Some(dir),
+                ..Default::default()
+            }
+            .apply(&mut cmd)
+            .expect("joining the member's cgroup");
+        }
         let child = spawn_tied_to_process(cmd);
         self.members[i].child = Some(child);
     }
@@ -256,38 +255,6 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
     }
-}
-
-/// `GET /health` says `"health":"true"`.
-pub fn health(client_port: u16) -> Result<(), String> {
-    let body = ureq::get(&format!("http://127.0.0.1:{client_port}/health"))
-        .call()
-        .map_err(|e| e.to_string())?
-        .into_body()
-        .read_to_string()
-        .map_err(|e| e.to_string())?;
-    if body.contains("\"health\":\"true\"") {
-        Ok(())
-    } else {
-        Err(body)
-    }
-}
-
-/// Whether the member on `client_port` is the leader (its /v3/maintenance/status says the
-/// leader is itself).
-fn is_leader(client_port: u16) -> Result<bool, String> {
-    let body = ureq::post(&format!(
-        "http://127.0.0.1:{client_port}/v3/maintenance/status"
-    ))
-    .send("{}")
-    .map_err(|e| e.to_string())?
-    .into_body()
-    .read_to_string()
-    .map_err(|e| e.to_string())?;
-    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-    let member = v["header"]["member_id"].as_str().unwrap_or_default();
-    let leader = v["leader"].as_str().unwrap_or("-");
-    Ok(!member.is_empty() && member == leader)
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
