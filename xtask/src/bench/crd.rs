@@ -135,6 +135,7 @@ pub fn run_bench(opts: Opts) -> Result<()> {
     let bin = api::release_control_plane()?;
     let scratch = api::tempdir()?.join("crd");
     let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
     let etcd = (opts.store == api::StoreArg::Etcd).then(|| {
         eprintln!("bench crd: starting one etcd member (Debian's etcd on loopback)");
         EtcdCluster::start(1)
