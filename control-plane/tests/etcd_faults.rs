@@ -59,6 +59,26 @@ async fn create_acked(cms: &Api<ConfigMap>, name: &str) -> Result<u64, String> {
     Err(format!("{name} not written within 120 s: {last}"))
 }
 
+/// Every acknowledged write is stored at the revision it was acknowledged at; what is
+/// stored (name -> revision).
+async fn assert_stored(
+    cms: &Api<ConfigMap>,
+    acked: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    let listed: BTreeMap<String, u64> = cms
+        .list(&ListParams::default().labels("burst=yes"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| (o.metadata.name.clone().unwrap(), rv_of(o)))
+        .collect();
+    for (name, rv) in acked {
+        assert_eq!(listed.get(name), Some(rv), "acknowledged {name} at {rv}");
+    }
+    listed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_etcd_leader_killed_during_a_burst_of_writes_loses_nothing() {
     let mut etcd = EtcdCluster::start(3);
@@ -154,17 +174,7 @@ async fn the_etcd_leader_killed_during_a_burst_of_writes_loses_nothing() {
     assert_eq!(acked.len(), 4 * PER_WRITER);
 
     // Every acknowledged write is there, at the revision it was acknowledged at.
-    let listed: BTreeMap<String, u64> = cms
-        .list(&ListParams::default().labels("burst=yes"))
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|o| (o.metadata.name.clone().unwrap(), rv_of(o)))
-        .collect();
-    for (name, rv) in &acked {
-        assert_eq!(listed.get(name), Some(rv), "acknowledged {name} at {rv}");
-    }
+    let listed = assert_stored(&cms, &acked).await;
 
     // The watch saw exactly what is stored: each object once, in revision order.
     wait_until_async(
@@ -346,17 +356,7 @@ async fn an_etcd_member_cut_off_for_30_s_loses_no_write_and_converges() {
 
     // No acknowledged write is lost.
     let acked = acked.lock().unwrap().clone();
-    let listed: BTreeMap<String, u64> = cms
-        .list(&ListParams::default().labels("burst=yes"))
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|o| (o.metadata.name.clone().unwrap(), rv_of(o)))
-        .collect();
-    for (name, rv) in &acked {
-        assert_eq!(listed.get(name), Some(rv), "acknowledged {name} at {rv}");
-    }
+    assert_stored(&cms, &acked).await;
     // The cut member converges: every member at the same revision, past the last write.
     let last = acked.values().copied().max().unwrap();
     let ports: Vec<u16> = members.iter().map(|m| m.client_port).collect();

@@ -268,31 +268,11 @@ async fn measure(c: &Client, opts: &Opts) -> Result<[Kind; 2]> {
         opts.lists
     );
     for _ in 0..opts.lists {
-        let (t, pages, n) = paged(|lp| {
-            let a = capi.clone();
-            async move {
-                let l = a.list(&lp).await?;
-                Ok((
-                    l.metadata.continue_.filter(|s| !s.is_empty()),
-                    l.items.len(),
-                ))
-            }
-        })
-        .await?;
+        let (t, pages, n) = paged(&capi).await?;
         check(n, objects, "ConfigMaps")?;
         cm.lists.push(t);
         cm.pages.extend(pages);
-        let (t, pages, n) = paged(|lp| {
-            let a = wapi.clone();
-            async move {
-                let l = a.list(&lp).await?;
-                Ok((
-                    l.metadata.continue_.filter(|s| !s.is_empty()),
-                    l.items.len(),
-                ))
-            }
-        })
-        .await?;
+        let (t, pages, n) = paged(&wapi).await?;
         check(n, objects, "Widgets")?;
         w.lists.push(t);
         w.pages.extend(pages);
@@ -308,11 +288,9 @@ fn check(listed: usize, objects: usize, what: &str) -> Result<()> {
 }
 
 /// A whole list in pages of [`PAGE`]: its duration, each page's latency, the items seen.
-/// `page` returns the continue token and the page's item count.
-async fn paged<F, Fut>(page: F) -> Result<(Duration, Vec<Duration>, usize)>
+async fn paged<K>(api: &Api<K>) -> Result<(Duration, Vec<Duration>, usize)>
 where
-    F: Fn(ListParams) -> Fut,
-    Fut: std::future::Future<Output = Result<(Option<String>, usize)>>,
+    K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let started = Instant::now();
     let (mut token, mut pages, mut items) = (None::<String>, Vec::new(), 0);
@@ -322,10 +300,10 @@ where
             lp = lp.continue_token(&t);
         }
         let t0 = Instant::now();
-        let (next, n) = page(lp).await?;
+        let l = api.list(&lp).await?;
         pages.push(t0.elapsed());
-        items += n;
-        match next {
+        items += l.items.len();
+        match l.metadata.continue_.filter(|s| !s.is_empty()) {
             Some(t) => token = Some(t),
             None => break,
         }
