@@ -58,6 +58,25 @@ enum Command {
     /// it checks client certificates against: OUT_DIR/kubelet.crt, kubelet.key, ca.crt
     /// (0600), for `node run --tls-cert-file --tls-private-key-file --client-ca-file`.
     KubeletServingCert(KubeletServingCertArgs),
+    /// Write an etcd cluster's certificates into DIR (0600): its own CA (ca.crt, ca.key;
+    /// kept when present), each member's NAME.crt/.key (server and client: peers and
+    /// clients both check them) and the API server's apiserver-etcd-client.crt/.key, for
+    /// etcd's --cert-file/--peer-cert-file... and `--etcd-cafile --etcd-certfile
+    /// --etcd-keyfile` (kubeadm's `certs etcd-*` phases).
+    EtcdCerts(EtcdCertsArgs),
+}
+
+#[derive(Args)]
+struct EtcdCertsArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    /// A member: `NAME` or `NAME=SAN,SAN...` (its addresses and host names beyond loopback);
+    /// repeatable.
+    #[arg(long = "member", required = true)]
+    members: Vec<String>,
+    /// How long the certificates are valid (a Go duration).
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    validity: Duration,
 }
 
 #[derive(Subcommand)]
@@ -389,6 +408,7 @@ fn main() -> Result<()> {
             rt.block_on(token_create(&kubeconfig, out, ttl, &groups))
         }
         Command::KubeletServingCert(a) => kubelet_serving_cert(a),
+        Command::EtcdCerts(a) => etcd_certs(a),
     }
 }
 
@@ -536,6 +556,33 @@ fn kubelet_serving_cert(a: KubeletServingCertArgs) -> Result<()> {
     write_private(&ca_path, ca.cert_pem().as_bytes())
         .with_context(|| format!("writing {}", ca_path.display()))?;
     println!("{}", a.out_dir.display());
+    Ok(())
+}
+
+fn etcd_certs(a: EtcdCertsArgs) -> Result<()> {
+    let members: Vec<(String, Vec<control_plane::pki::San>)> = a
+        .members
+        .iter()
+        .map(|m| match m.split_once('=') {
+            None => (m.clone(), Vec::new()),
+            Some((name, sans)) => (
+                name.to_string(),
+                sans.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse().expect("a SAN parses (an IP, else a name)"))
+                    .collect(),
+            ),
+        })
+        .collect();
+    if let Some((bad, _)) = members
+        .iter()
+        .find(|(n, _)| n.is_empty() || n.contains('/'))
+    {
+        anyhow::bail!("--member {bad:?}: a member needs a name without '/'");
+    }
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    control_plane::apiserver::certs::etcd_certificates(&a.dir, &members, a.validity)?;
+    println!("{}", a.dir.display());
     Ok(())
 }
 

@@ -106,6 +106,35 @@ pub fn kubelet_serving(
     })
 }
 
+/// The API server's identity towards etcd (`--etcd-certfile`).
+pub const ETCD_CLIENT: &str = "apiserver-etcd-client";
+
+/// An etcd cluster's certificates, as kubeadm's `certs etcd-*` phases make them, in `dir`
+/// (0600): an etcd CA of its own (`ca.crt`, `ca.key`, made once and kept: etcd trusts no
+/// other identity of the cluster), for each member `<name>.crt`/`.key` with both server and
+/// client usages (a member is its peers' client) and SANs the given ones, loopback and
+/// `localhost`, and the API server's client certificate [`ETCD_CLIENT`]`.crt`/`.key`.
+pub fn etcd_certificates(
+    dir: &Path,
+    members: &[(String, Vec<San>)],
+    validity: Duration,
+) -> Result<(), PkiError> {
+    let ca = Ca::load_or_create(dir)?;
+    for (name, extra) in members {
+        let mut sans = vec![
+            San::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            San::Ip(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+            San::Dns("localhost".into()),
+        ];
+        sans.extend(extra.iter().cloned());
+        let mut spec = CertSpec::server(name, sans, validity);
+        spec.usages.push(Usage::Client);
+        ca.issue(&spec)?.write(dir, name)?;
+    }
+    ca.issue(&CertSpec::client(ETCD_CLIENT, None, validity))?
+        .write(dir, ETCD_CLIENT)
+}
+
 impl ServerCerts {
     /// Loads (or creates) the CA and makes the serving and kubelet-client certificates.
     pub fn prepare(data_dir: &Path, sans: Vec<San>) -> Result<ServerCerts, PkiError> {
@@ -170,6 +199,44 @@ mod tests {
         let sans = cert.subject_alternative_name().unwrap().unwrap().value;
         assert_eq!(sans.general_names.len(), 2);
         assert!(kubelet_serving(&ca, "n1", vec![], LEAF_VALIDITY).is_err());
+    }
+
+    #[test]
+    fn etcd_members_serve_and_are_clients_under_a_ca_of_their_own() {
+        let d = tempfile::tempdir().unwrap();
+        let members = [
+            ("m0".to_string(), vec!["10.0.0.7".parse().unwrap()]),
+            ("m1".to_string(), vec![]),
+        ];
+        etcd_certificates(d.path(), &members, LEAF_VALIDITY).unwrap();
+        let ca_before = std::fs::read_to_string(d.path().join("ca.crt")).unwrap();
+        let read = |name: &str| {
+            let pem = std::fs::read_to_string(d.path().join(format!("{name}.crt"))).unwrap();
+            crate::pki::tls::certs_from_pem(&pem).unwrap().remove(0)
+        };
+        let der = read("m0");
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let eku = cert.extended_key_usage().unwrap().unwrap().value;
+        assert!(
+            eku.server_auth && eku.client_auth,
+            "a member is a server and a peer's client"
+        );
+        let sans = cert.subject_alternative_name().unwrap().unwrap().value;
+        let text = format!("{:?}", sans.general_names);
+        assert!(
+            text.contains("localhost") && text.contains("[10, 0, 0, 7]"),
+            "{text}"
+        );
+        let der = read(ETCD_CLIENT);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let eku = cert.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.client_auth && !eku.server_auth);
+        // Run again (a restart): the CA stays, so the members' trust does.
+        etcd_certificates(d.path(), &members, LEAF_VALIDITY).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("ca.crt")).unwrap(),
+            ca_before
+        );
     }
 
     #[test]
