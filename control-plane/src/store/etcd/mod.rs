@@ -320,6 +320,10 @@ impl EtcdStore {
     }
 }
 
+/// How long a read of the current revision rides out etcd being Unavailable (a leader
+/// election takes about one election timeout, 1 s by etcd's default).
+const TRANSIENT_READ_RETRY: Duration = Duration::from_secs(5);
+
 /// Whether an etcd of this version sends requested progress notifications after the events
 /// they cover (etcd issue 15220, fixed in 3.4.31 and 3.5.13).
 fn orders_progress(version: &str) -> bool {
@@ -390,16 +394,32 @@ impl Store for EtcdStore {
 
     fn latest_revision(&self) -> BoxFuture<'_, Result<Revision, StoreError>> {
         async move {
-            self.open()?;
-            // A linearizable read of one key: its header carries the cluster's revision.
-            let resp = self
-                .inner
-                .client
-                .kv_client()
-                .get(self.full("/"), Some(GetOptions::new().with_count_only()))
-                .await
-                .map_err(|e| self.error(e))?;
-            Ok(self.observe(resp.header()))
+            // A read, so safe to repeat: a leader change or an election in progress (etcd
+            // answers Unavailable) is ridden out for a while instead of failing the
+            // request that needs the revision.
+            let deadline = tokio::time::Instant::now() + TRANSIENT_READ_RETRY;
+            let mut pause = Duration::from_millis(25);
+            loop {
+                self.open()?;
+                // A linearizable read of one key: its header carries the cluster's revision.
+                let r = self
+                    .inner
+                    .client
+                    .kv_client()
+                    .get(self.full("/"), Some(GetOptions::new().with_count_only()))
+                    .await;
+                match r.map_err(|e| self.error(e)) {
+                    Ok(resp) => return Ok(self.observe(resp.header())),
+                    Err(StoreError::Unavailable(why))
+                        if tokio::time::Instant::now() + pause < deadline =>
+                    {
+                        tracing::debug!(%why, "etcd read unavailable; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(400));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         .boxed()
     }
