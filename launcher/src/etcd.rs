@@ -1,5 +1,6 @@
 //! etcd members as skiff runs them (Debian's etcd-server): the command line of one member
-//! of a cluster on loopback, and the client-API probes (health, who leads). The clusters of
+//! of a cluster on loopback (with TLS for clients and peers, or plain for tests), and the
+//! probes (health, who leads, its revision) over plain HTTP. The clusters of
 //! several control planes (`cluster`, `xtask up --control-planes 3`) and the tests' etcd
 //! (skiff-tests) are both made of these.
 
@@ -16,6 +17,15 @@ pub struct MemberSpec<'a> {
     pub initial_cluster: &'a str,
     /// Unique per cluster on the machine.
     pub token: &'a str,
+    /// TLS for clients and peers, both checked against the CA: a directory written by
+    /// `control-plane etcd-certs` (`ca.crt`, `<name>.crt`, `<name>.key`).
+    pub tls: Option<&'a Path>,
+    /// Plain-HTTP /health and /metrics on this loopback port (how a TLS member is probed).
+    pub metrics_port: Option<u16>,
+    /// Elections in a tenth of etcd's default time (heartbeat 10 ms, election 100 ms), for
+    /// tests that kill leaders; else etcd's defaults (100 ms, 1 s), which a loaded machine
+    /// does not mistake for a dead leader.
+    pub fast_elections: bool,
 }
 
 /// `http://127.0.0.1:<port>`
@@ -24,11 +34,11 @@ pub fn loopback_url(port: u16) -> String {
 }
 
 /// `etcd ...` for a member listening on loopback only (clients and peers): no address a
-/// node or a pod can reach. Elections are fast (heartbeat 10 ms, election 100 ms), as for
-/// members on one machine.
+/// node or a pod can reach.
 pub fn member_command(m: &MemberSpec<'_>) -> Command {
-    let client = loopback_url(m.client_port);
-    let peer = loopback_url(m.peer_port);
+    let scheme = if m.tls.is_some() { "https" } else { "http" };
+    let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
+    let peer = format!("{scheme}://127.0.0.1:{}", m.peer_port);
     let mut cmd = Command::new("etcd");
     cmd.args(["--name", m.name])
         .arg("--data-dir")
@@ -40,12 +50,47 @@ pub fn member_command(m: &MemberSpec<'_>) -> Command {
         .args(["--initial-cluster", m.initial_cluster])
         .args(["--initial-cluster-state", "new"])
         .args(["--initial-cluster-token", m.token])
-        .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
         .args(["--logger", "zap", "--log-outputs", "stderr"]);
+    if m.fast_elections {
+        cmd.args(["--heartbeat-interval", "10", "--election-timeout", "100"]);
+    }
+    if let Some(dir) = m.tls {
+        let (crt, key) = (
+            dir.join(format!("{}.crt", m.name)),
+            dir.join(format!("{}.key", m.name)),
+        );
+        let ca = dir.join("ca.crt");
+        cmd.arg("--cert-file")
+            .arg(&crt)
+            .arg("--key-file")
+            .arg(&key)
+            .arg("--trusted-ca-file")
+            .arg(&ca)
+            .arg("--client-cert-auth")
+            .arg("--peer-cert-file")
+            .arg(&crt)
+            .arg("--peer-key-file")
+            .arg(&key)
+            .arg("--peer-trusted-ca-file")
+            .arg(&ca)
+            .arg("--peer-client-cert-auth");
+    }
+    if let Some(port) = m.metrics_port {
+        cmd.args(["--listen-metrics-urls", &loopback_url(port)]);
+    }
     cmd
 }
 
-/// `GET /health` says `"health":"true"`.
+/// The peer URL of a member listening on loopback `port`.
+pub fn peer_url(port: u16, tls: bool) -> String {
+    match tls {
+        true => format!("https://127.0.0.1:{port}"),
+        false => loopback_url(port),
+    }
+}
+
+/// `GET /health` on a plain-HTTP loopback port (the client port of a member without TLS,
+/// or a member's metrics port) says `"health":"true"`.
 pub fn health(client_port: u16) -> Result<(), String> {
     let body = ureq::get(&format!("{}/health", loopback_url(client_port)))
         .call()

@@ -558,17 +558,28 @@ impl Cluster {
     /// their client ports once all are healthy.
     fn start_etcd(&mut self) -> Result<Vec<u16>, Error> {
         let dir = self.state_dir.join("etcd");
+        let pki = self.etcd_pki();
         std::fs::create_dir_all(&dir).map_err(io_err(dir.display()))?;
-        let members: Vec<(String, u16, u16)> = (0..ETCD_MEMBERS)
-            .map(|i| (format!("m{i}"), etcd::free_port(), etcd::free_port()))
+        let members: Vec<(String, u16, u16, u16)> = (0..ETCD_MEMBERS)
+            .map(|i| {
+                let p = etcd::free_port;
+                (format!("m{i}"), p(), p(), p())
+            })
             .collect();
+        // TLS for clients and peers, every certificate checked: the members' own CA.
+        let mut certs = Command::new(&self.state.binaries.control_plane);
+        certs.arg("etcd-certs").arg("--dir").arg(&pki);
+        for (name, ..) in &members {
+            certs.args(["--member", name]);
+        }
+        command_output(&mut certs)?;
         let initial_cluster = members
             .iter()
-            .map(|(name, _, peer)| format!("{name}={}", etcd::loopback_url(*peer)))
+            .map(|(name, _, peer, _)| format!("{name}={}", etcd::peer_url(*peer, true)))
             .collect::<Vec<_>>()
             .join(",");
         let token = format!("skiff-{}", self.state.name);
-        for (name, client_port, peer_port) in &members {
+        for (name, client_port, peer_port, metrics_port) in &members {
             let mut cmd = etcd::member_command(&etcd::MemberSpec {
                 name,
                 data_dir: &dir.join(name),
@@ -576,6 +587,9 @@ impl Cluster {
                 peer_port: *peer_port,
                 initial_cluster: &initial_cluster,
                 token: &token,
+                tls: Some(&pki),
+                metrics_port: Some(*metrics_port),
+                fast_elections: false,
             });
             let pid = process::spawn(
                 &mut cmd,
@@ -588,14 +602,19 @@ impl Cluster {
             self.state.etcd.push(pid);
             self.save()?;
         }
-        for (name, client_port, _) in &members {
+        for (name, _, _, metrics_port) in &members {
             wait_for(
                 &format!("etcd member {name} healthy"),
                 READY_TIMEOUT,
-                || etcd::health(*client_port),
+                || etcd::health(*metrics_port),
             )?;
         }
         Ok(members.iter().map(|m| m.1).collect())
+    }
+
+    /// The etcd members' certificates and the API servers' client certificate for them.
+    fn etcd_pki(&self) -> PathBuf {
+        self.state_dir.join("etcd").join("pki")
     }
 
     /// Several control planes on the etcd at `etcd_ports`, one after the other: the first
@@ -615,6 +634,19 @@ impl Cluster {
             "--tls-san".to_string(),
             spec.subnet.host().to_string(),
         ];
+        let pki = self.etcd_pki();
+        let client = certs_file(&pki, "apiserver-etcd-client");
+        let extra: Vec<String> = extra
+            .into_iter()
+            .chain([
+                "--etcd-cafile".into(),
+                pki.join("ca.crt").display().to_string(),
+                "--etcd-certfile".into(),
+                client.0,
+                "--etcd-keyfile".into(),
+                client.1,
+            ])
+            .collect();
         let port = ha_api_port(spec);
         for i in 0..spec.control_planes {
             let ip = spec.subnet.control_plane(i);
@@ -1135,6 +1167,12 @@ impl Drop for Cluster {
         // The relay threads stop last: the agents needed them while stopping.
         self.relay = None;
     }
+}
+
+/// `<dir>/<name>.crt` and `.key`, as flag values.
+fn certs_file(dir: &Path, name: &str) -> (String, String) {
+    let f = |ext: &str| dir.join(format!("{name}.{ext}")).display().to_string();
+    (f("crt"), f("key"))
 }
 
 /// The API port of several control planes.
