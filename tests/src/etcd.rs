@@ -57,6 +57,8 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     initial_cluster: String,
     dir: PathBuf,
+    /// Elections in a tenth of etcd's default time (the default here: tests kill leaders).
+    fast_elections: bool,
     /// Removed on Drop when the cluster made it.
     _tmp: Option<TempDir>,
 }
@@ -97,6 +99,16 @@ use skiff_launcher::etcd::{is_leader, member_command, MemberSpec};
 impl EtcdCluster {
     /// Starts `n` members under a fresh temporary directory and waits until all are healthy.
     pub fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_timed(n, true)
+    }
+
+    /// As [`EtcdCluster::start`], with etcd's default election timing (heartbeat 100 ms,
+    /// election 1 s), as a production cluster runs: what benchmarks measure.
+    pub fn start_with_default_elections(n: usize) -> EtcdCluster {
+        EtcdCluster::start_timed(n, false)
+    }
+
+    fn start_timed(n: usize, fast_elections: bool) -> EtcdCluster {
         remove_stale_dirs();
         let dir = std::env::temp_dir().join(format!(
             "skiff-etcd-{}-{}",
@@ -105,7 +117,9 @@ impl EtcdCluster {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating the etcd directory");
-        let mut c = EtcdCluster::start_in(&dir, n);
+        let mut c = EtcdCluster::plan_in(&dir, n);
+        c.fast_elections = fast_elections;
+        c.start_all();
         c._tmp = Some(TempDir(dir));
         c
     }
@@ -139,6 +153,7 @@ impl EtcdCluster {
             members,
             initial_cluster,
             dir: dir.to_path_buf(),
+            fast_elections: true,
             _tmp: None,
         }
     }
@@ -197,7 +212,7 @@ impl EtcdCluster {
             tls: None,
             metrics_port: None,
             // Fast elections for tests (ENVIRONMENT.md: healthy in < 0.3 s).
-            fast_elections: true,
+            fast_elections: self.fast_elections,
         });
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         if let Some(dir) = &m.cgroup {

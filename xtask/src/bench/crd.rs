@@ -138,7 +138,7 @@ pub fn run_bench(opts: Opts) -> Result<()> {
     std::fs::create_dir_all(&scratch)?;
     let etcd = (opts.store == api::StoreArg::Etcd).then(|| {
         eprintln!("bench crd: starting one etcd member (Debian's etcd on loopback)");
-        EtcdCluster::start(1)
+        EtcdCluster::start_with_default_elections(1)
     });
     let mut args = vec!["--bookmark-interval".to_string(), "60".to_string()];
     if let Some(e) = &etcd {
