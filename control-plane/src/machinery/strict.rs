@@ -102,6 +102,13 @@ fn round_trip(
         ("apps", "StatefulSet") => typed::<apps::v1::StatefulSet>(v),
         ("apps", "ControllerRevision") => typed::<apps::v1::ControllerRevision>(v),
         ("", "PersistentVolumeClaim") => typed::<core::v1::PersistentVolumeClaim>(v),
+        ("", "PersistentVolume") => typed::<core::v1::PersistentVolume>(v),
+        ("storage.k8s.io", "StorageClass") => typed::<k8s_openapi::api::storage::v1::StorageClass>(v),
+        ("storage.k8s.io", "CSIDriver") => typed::<k8s_openapi::api::storage::v1::CSIDriver>(v),
+        ("storage.k8s.io", "CSINode") => typed::<k8s_openapi::api::storage::v1::CSINode>(v),
+        ("storage.k8s.io", "VolumeAttachment") => {
+            typed::<k8s_openapi::api::storage::v1::VolumeAttachment>(v)
+        }
         ("admissionregistration.k8s.io", "MutatingWebhookConfiguration") => {
             typed::<admissionregistration::v1::MutatingWebhookConfiguration>(v)
         }

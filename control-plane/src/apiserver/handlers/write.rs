@@ -204,6 +204,11 @@ pub async fn create_object(
         let status = match r.kind {
             "Pod" => json!({"phase": "Pending"}),
             "Namespace" => json!({"phase": "Active"}),
+            "PersistentVolumeClaim" => json!({"phase": "Pending"}),
+            // Kubernetes' volume strategy: Pending since now.
+            "PersistentVolume" => {
+                json!({"phase": "Pending", "lastPhaseTransitionTime": meta::now()})
+            }
             _ => json!({}),
         };
         obj["status"] = status;

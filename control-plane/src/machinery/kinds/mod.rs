@@ -25,6 +25,7 @@ pub mod rbac;
 pub mod scheduling;
 mod service;
 mod statefulset;
+pub mod storage;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
@@ -299,6 +300,41 @@ static PERSISTENT_VOLUME_CLAIM: KindRules = KindRules {
     row: statefulset::claim_row,
     field: statefulset::claim_field,
 };
+static PERSISTENT_VOLUME: KindRules = KindRules {
+    default: storage::default_volume,
+    validate: storage::validate_volume,
+    columns: storage::volume_columns,
+    row: storage::volume_row,
+    field: storage::volume_field,
+};
+static STORAGE_CLASS: KindRules = KindRules {
+    default: storage::default_class,
+    validate: storage::validate_class,
+    columns: storage::class_columns,
+    row: storage::class_row,
+    field: common::meta_field,
+};
+static CSI_DRIVER: KindRules = KindRules {
+    default: storage::default_driver,
+    validate: storage::validate_driver,
+    columns: storage::driver_columns,
+    row: storage::driver_row,
+    field: common::meta_field,
+};
+static CSI_NODE: KindRules = KindRules {
+    default: no_defaults,
+    validate: storage::validate_node,
+    columns: storage::node_columns,
+    row: storage::node_row,
+    field: common::meta_field,
+};
+static VOLUME_ATTACHMENT: KindRules = KindRules {
+    default: no_defaults,
+    validate: storage::validate_attachment,
+    columns: storage::attachment_columns,
+    row: storage::attachment_row,
+    field: common::meta_field,
+};
 static CERTIFICATE_SIGNING_REQUEST: KindRules = KindRules {
     default: no_defaults,
     validate: certificates::validate,
@@ -371,6 +407,11 @@ pub fn rules(group: &str, kind: &str) -> Option<&'static KindRules> {
         ("apps", "StatefulSet") => &STATEFUL_SET,
         ("apps", "ControllerRevision") => &CONTROLLER_REVISION,
         ("", "PersistentVolumeClaim") => &PERSISTENT_VOLUME_CLAIM,
+        ("", "PersistentVolume") => &PERSISTENT_VOLUME,
+        (storage::GROUP, "StorageClass") => &STORAGE_CLASS,
+        (storage::GROUP, "CSIDriver") => &CSI_DRIVER,
+        (storage::GROUP, "CSINode") => &CSI_NODE,
+        (storage::GROUP, "VolumeAttachment") => &VOLUME_ATTACHMENT,
         (certificates::GROUP, "CertificateSigningRequest") => &CERTIFICATE_SIGNING_REQUEST,
         (scheduling::GROUP, "PriorityClass") => &PRIORITY_CLASS,
         (apiextensions::GROUP, "CustomResourceDefinition") => &CUSTOM_RESOURCE_DEFINITION,
@@ -406,6 +447,11 @@ mod tests {
                 | "ClusterRoleBinding"
                 | "CertificateSigningRequest"
                 | "PriorityClass"
+                | "PersistentVolume"
+                | "StorageClass"
+                | "CSIDriver"
+                | "CSINode"
+                | "VolumeAttachment"
         );
         let mut v = json!({
             "apiVersion": api_version, "kind": kind,
@@ -487,6 +533,19 @@ mod tests {
                 v["spec"] = csr["spec"].clone();
             }
             (scheduling::GROUP, "PriorityClass") => v["value"] = json!(1000),
+            ("", "PersistentVolume") => {
+                v["spec"] = json!({"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                    "csi": {"driver": "csi.skiff.dev", "volumeHandle": "vol-1"}})
+            }
+            (storage::GROUP, "StorageClass") => v["provisioner"] = json!("csi.skiff.dev"),
+            (storage::GROUP, "CSIDriver") => v["spec"] = json!({}),
+            (storage::GROUP, "CSINode") => {
+                v["spec"] = json!({"drivers": [{"name": "csi.skiff.dev", "nodeID": "web"}]})
+            }
+            (storage::GROUP, "VolumeAttachment") => {
+                v["spec"] = json!({"attacher": "csi.skiff.dev", "nodeName": "node-1",
+                    "source": {"persistentVolumeName": "pv1"}})
+            }
             (hpa::GROUP, "HorizontalPodAutoscaler") => {
                 v["apiVersion"] = json!("autoscaling/v2");
                 v["spec"] = hpa::tests::minimal("web")["spec"].clone();
@@ -526,6 +585,11 @@ mod tests {
         ("apps", "StatefulSet"),
         ("apps", "ControllerRevision"),
         ("", "PersistentVolumeClaim"),
+        ("", "PersistentVolume"),
+        (storage::GROUP, "StorageClass"),
+        (storage::GROUP, "CSIDriver"),
+        (storage::GROUP, "CSINode"),
+        (storage::GROUP, "VolumeAttachment"),
         (certificates::GROUP, "CertificateSigningRequest"),
         (scheduling::GROUP, "PriorityClass"),
         (hpa::GROUP, "HorizontalPodAutoscaler"),

@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::{
     ControllerRevision, RollingUpdateStatefulSetStrategy, StatefulSet,
     StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetUpdateStrategy,
 };
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
@@ -363,6 +363,24 @@ fn validate_claim_spec(claim: &PersistentVolumeClaim, path: &FieldPath) -> Vec<F
             )),
         },
     }
+    if let Some(m) = spec
+        .volume_mode
+        .as_deref()
+        .filter(|m| !["Block", "Filesystem"].contains(m))
+    {
+        errs.push(FieldError::not_supported(
+            path.child("volumeMode"),
+            m,
+            &["Block", "Filesystem"],
+        ));
+    }
+    if let Some(c) = spec.storage_class_name.as_deref().filter(|c| !c.is_empty()) {
+        errs.extend(crate::machinery::validation::invalid_each(
+            &path.child("storageClassName"),
+            c,
+            crate::machinery::validation::dns1123_subdomain_errors(c),
+        ));
+    }
     errs
 }
 
@@ -370,7 +388,99 @@ pub fn default_claim(v: &mut Value) {
     default_typed(v, |c: &mut PersistentVolumeClaim| {
         let spec = c.spec.get_or_insert_with(Default::default);
         spec.volume_mode.get_or_insert_with(|| "Filesystem".into());
+        // Kubernetes' defaulter: a claim without a phase is Pending.
+        let status = c.status.get_or_insert_with(Default::default);
+        if status.phase.as_deref().unwrap_or_default().is_empty() {
+            status.phase = Some("Pending".into());
+        }
     });
+}
+
+/// The storage a claim requests (None when absent or not a quantity).
+fn requested(spec: &PersistentVolumeClaimSpec) -> Option<crate::machinery::Quantity> {
+    let q = spec.resources.as_ref()?.requests.as_ref()?.get("storage")?;
+    crate::machinery::Quantity::parse(&q.0).ok()
+}
+
+/// Kubernetes' ValidatePersistentVolumeClaimUpdate: the spec is immutable but for the
+/// storage request of a bound claim (which may not go below its status capacity), the
+/// volume name and the class while they are unset, and the attributes class.
+fn claim_update_errors(
+    new: &PersistentVolumeClaim,
+    old: &PersistentVolumeClaim,
+) -> Vec<FieldError> {
+    let mut errs = vec![];
+    let (mut a, mut b) = (
+        new.spec.clone().unwrap_or_default(),
+        old.spec.clone().unwrap_or_default(),
+    );
+    let bound = old.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+    if b.volume_name.as_deref().unwrap_or_default().is_empty() {
+        b.volume_name = a.volume_name.clone();
+    }
+    let class_from_annotation = old
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("volume.beta.kubernetes.io/storage-class"));
+    if !class_from_annotation
+        && b.storage_class_name.is_none()
+        && a.storage_class_name
+            .as_deref()
+            .is_some_and(|c| !c.is_empty())
+    {
+        b.storage_class_name = a.storage_class_name.clone();
+    }
+    b.volume_attributes_class_name = a.volume_attributes_class_name.clone();
+    if bound {
+        let want = b
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .cloned();
+        let requests = a
+            .resources
+            .get_or_insert_with(Default::default)
+            .requests
+            .get_or_insert_with(Default::default);
+        match want {
+            Some(q) => {
+                requests.insert("storage".into(), q);
+            }
+            None => {
+                requests.remove("storage");
+            }
+        }
+    }
+    if serde_json::to_value(&a).ok() != serde_json::to_value(&b).ok() {
+        errs.push(FieldError::forbidden(
+            "spec",
+            "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+        ));
+    }
+    let old_spec = old.spec.clone().unwrap_or_default();
+    let new_spec = new.spec.clone().unwrap_or_default();
+    if let (Some(n), Some(o)) = (requested(&new_spec), requested(&old_spec)) {
+        if n.nano_value() < o.nano_value() {
+            // Shrinking is allowed down to just above the capacity the volume has, to
+            // recover from a failed expansion (RecoverVolumeExpansionFailure).
+            let capacity = old
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage"))
+                .and_then(|q| crate::machinery::Quantity::parse(&q.0).ok())
+                .map_or(0, |q| q.nano_value());
+            if n.nano_value() <= capacity {
+                errs.push(FieldError::forbidden(
+                    "spec.resources.requests.storage",
+                    "field can not be less than status.capacity",
+                ));
+            }
+        }
+    }
+    errs
 }
 
 pub fn validate_claim(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
@@ -386,20 +496,7 @@ pub fn validate_claim(new: &Value, old: Option<&Value>) -> Vec<FieldError> {
             );
             errs.extend(validate_claim_spec(new, &FieldPath::new("spec")));
             if let Some(old) = old {
-                let (a, b) = (
-                    new.spec.clone().unwrap_or_default(),
-                    old.spec.clone().unwrap_or_default(),
-                );
-                if a.access_modes != b.access_modes
-                    || a.selector != b.selector
-                    || a.volume_mode != b.volume_mode
-                    || (b.volume_name.is_some() && a.volume_name != b.volume_name)
-                {
-                    errs.push(FieldError::forbidden(
-                    "spec",
-                    "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
-                ));
-                }
+                errs.extend(claim_update_errors(new, old));
             }
             errs
         },
@@ -574,6 +671,61 @@ mod tests {
         assert_eq!(
             claim_field(&claim, "status.phase").as_deref(),
             Some("Pending")
+        );
+    }
+
+    fn claim(size: &str) -> Value {
+        let mut c = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "namespace": "default"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}});
+        default_claim(&mut c);
+        c
+    }
+
+    fn messages(errs: &[FieldError]) -> Vec<String> {
+        errs.iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect()
+    }
+
+    #[test]
+    fn claims_change_only_their_request_once_bound() {
+        let pending = claim("1Gi");
+        assert_eq!(pending["status"]["phase"], "Pending");
+        assert!(validate_claim(&pending, Some(&pending)).is_empty());
+        // Unbound: the request is part of the immutable spec; the class may be set once.
+        let grown = claim("2Gi");
+        assert_eq!(
+            messages(&validate_claim(&grown, Some(&pending))),
+            vec!["spec: Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims"]
+        );
+        let mut classed = pending.clone();
+        classed["spec"]["storageClassName"] = json!("fast");
+        assert!(validate_claim(&classed, Some(&pending)).is_empty());
+        let mut reclassed = classed.clone();
+        reclassed["spec"]["storageClassName"] = json!("slow");
+        assert_eq!(validate_claim(&reclassed, Some(&classed)).len(), 1);
+        // Bound at 1Gi: it may grow, never shrink to its capacity or below.
+        let mut bound = pending.clone();
+        bound["spec"]["volumeName"] = json!("pv1");
+        bound["status"] = json!({"phase": "Bound", "capacity": {"storage": "1Gi"}});
+        let mut bigger = bound.clone();
+        bigger["spec"]["resources"]["requests"]["storage"] = json!("2Gi");
+        assert!(validate_claim(&bigger, Some(&bound)).is_empty());
+        let mut smaller = bigger.clone();
+        smaller["spec"]["resources"]["requests"]["storage"] = json!("512Mi");
+        assert_eq!(
+            messages(&validate_claim(&smaller, Some(&bigger))),
+            vec!["spec.resources.requests.storage: Forbidden: field can not be less than status.capacity"]
+        );
+        let mut modes = bound.clone();
+        modes["spec"]["accessModes"] = json!(["ReadWriteMany"]);
+        assert_eq!(validate_claim(&modes, Some(&bound)).len(), 1);
+        let mut block = claim("1Gi");
+        block["spec"]["volumeMode"] = json!("Disk");
+        assert_eq!(
+            messages(&validate_claim(&block, None)),
+            vec!["spec.volumeMode: Unsupported value: \"Disk\": supported values: \"Block\", \"Filesystem\""]
         );
     }
 }

@@ -264,6 +264,19 @@ static SERVICE_ACCOUNT: Schema = Schema {
     ],
 };
 
+/// CSINode: its drivers merge by name.
+static CSI_NODE: Schema = Schema {
+    fields: &[
+        ("metadata", Object(&OBJECT_META)),
+        (
+            "spec",
+            Object(&Schema {
+                fields: &[("drivers", by_name(&EMPTY))],
+            }),
+        ),
+    ],
+};
+
 /// Kinds whose only merge lists are in their metadata.
 static METADATA_ONLY: Schema = Schema {
     fields: &[("metadata", Object(&OBJECT_META))],
@@ -286,6 +299,7 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         ("autoscaling", "HorizontalPodAutoscaler") => &NAMESPACE,
         ("policy", "PodDisruptionBudget") => &NAMESPACE,
         ("", "ServiceAccount") => &SERVICE_ACCOUNT,
+        ("storage.k8s.io", "CSINode") => &CSI_NODE,
         ("", "Endpoints" | "Event" | "ConfigMap" | "Secret" | "Binding")
         | ("", "LimitRange" | "ResourceQuota")
         | (
@@ -295,6 +309,11 @@ pub fn schema_for(kind: &GroupKind) -> Option<&'static Schema> {
         | ("discovery.k8s.io", "EndpointSlice")
         | ("coordination.k8s.io", "Lease")
         | ("scheduling.k8s.io", "PriorityClass")
+        | ("", "PersistentVolume")
+        | (
+            "storage.k8s.io",
+            "StorageClass" | "CSIDriver" | "VolumeAttachment",
+        )
         | ("apiextensions.k8s.io", "CustomResourceDefinition")
         | ("events.k8s.io", "Event")
         | ("apps", "ControllerRevision")
