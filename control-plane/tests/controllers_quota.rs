@@ -403,6 +403,16 @@ spec:
         .delete("data-db-0", &DeleteParams::default())
         .await
         .unwrap();
+    // The claim carries kubernetes.io/pvc-protection (StorageObjectInUseProtection); no
+    // protection controller removes it yet, so the test does.
+    claims
+        .patch(
+            "data-db-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     wait_until_async("storage given back", WAIT, || async {
         let q = quotas.get("wl").await.map_err(|e| e.to_string())?;
         let used = q.status.and_then(|s| s.used).unwrap_or_default();

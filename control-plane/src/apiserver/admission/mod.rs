@@ -285,6 +285,8 @@ impl Chain {
                 config.pod_security.clone(),
             )),
             Arc::new(priority::Priority::new(env.clone())),
+            Arc::new(storage::DefaultStorageClass::new(env.clone())),
+            Arc::new(storage::StorageObjectInUseProtection),
             Arc::new(webhook::MutatingWebhooks::new(env.clone())),
             Arc::new(webhook::ValidatingWebhooks::new(env.clone())),
             Arc::new(resource_quota::ResourceQuota::new(env)),

@@ -7,4 +7,5 @@ pub mod pod_security;
 pub mod priority;
 pub mod resource_quota;
 pub mod service_account;
+pub mod storage;
 pub mod webhook;
