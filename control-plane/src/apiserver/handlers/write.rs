@@ -487,6 +487,19 @@ fn finishes_deletion(cur: &Value, new: &Value) -> bool {
     meta::deletion_timestamp(cur).is_some() && grace == 0 && !blocks_deletion(new)
 }
 
+/// A volume whose phase changes records when (Kubernetes' volume status strategy), unless
+/// the writer set a new time itself.
+fn stamp_phase_transition(new: &mut Value, cur: &Value) {
+    let phase = |v: &Value| v.pointer("/status/phase").cloned();
+    let time = |v: &Value| v.pointer("/status/lastPhaseTransitionTime").cloned();
+    if phase(new) == phase(cur) || !new["status"].is_object() {
+        return;
+    }
+    if time(new).is_none_or(|t| t.is_null() || Some(&t) == time(cur).as_ref()) {
+        new["status"]["lastPhaseTransitionTime"] = json!(meta::now());
+    }
+}
+
 /// Carries over what a client cannot change and separates the main resource from status.
 fn prepare_update(r: &Resource, part: Part, new: &mut Value, cur: &Value) -> Result<(), ApiError> {
     if certificates::is_csr(r) && matches!(part, Part::Status | Part::Approval) {
@@ -514,6 +527,9 @@ fn prepare_update(r: &Resource, part: Part, new: &mut Value, cur: &Value) -> Res
             if let Some(f) = new.pointer("/spec/finalizers") {
                 merged["spec"]["finalizers"] = f.clone();
             }
+        }
+        if r.group.is_empty() && r.kind == "PersistentVolume" {
+            stamp_phase_transition(&mut merged, cur);
         }
         *new = merged;
         return Ok(());
@@ -613,6 +629,22 @@ mod tests {
             same["metadata"]["generation"], 3,
             "a metadata change keeps the generation"
         );
+    }
+
+    #[test]
+    fn a_volume_records_its_phase_transitions() {
+        let r = find("", "v1", "persistentvolumes").unwrap();
+        let t0 = "2020-01-01T00:00:00Z";
+        let cur = json!({"metadata":{"name":"pv"},"spec":{},
+            "status":{"phase":"Pending","lastPhaseTransitionTime":t0}});
+        let mut new = json!({"metadata":{"name":"pv"},
+            "status":{"phase":"Available","lastPhaseTransitionTime":t0}});
+        prepare_update(r, Part::Status, &mut new, &cur).unwrap();
+        assert_ne!(new["status"]["lastPhaseTransitionTime"], t0);
+        let mut same = cur.clone();
+        same["status"]["message"] = json!("m");
+        prepare_update(r, Part::Status, &mut same, &cur).unwrap();
+        assert_eq!(same["status"]["lastPhaseTransitionTime"], t0);
     }
 
     #[test]
