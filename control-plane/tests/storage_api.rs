@@ -119,6 +119,30 @@ fn kinds_apply_list_and_protect() {
     f.k.ok(&["apply", "-f", &p]);
     // Applying again is a no-op patch of each (strategic merge for the built-in kinds).
     f.k.ok(&["apply", "-f", &p]);
+    // Server-side apply takes them over; a CSINode's drivers merge by name.
+    f.k.ok(&["apply", "--server-side", "--force-conflicts", "-f", &p]);
+    let second = OBJECTS.replace(
+        "    allocatable:\n      count: 100\n",
+        "    allocatable:\n      count: 100\n  - name: nfs.skiff.dev\n    nodeID: node-1\n",
+    );
+    f.k.ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &f.file("second.yaml", &second),
+    ]);
+    let node = json(&f.k.ok(&["get", "csinode", "node-1", "-o", "json"]));
+    assert_eq!(
+        node["spec"]["drivers"][1]["name"], "nfs.skiff.dev",
+        "{node}"
+    );
+    f.k.ok(&["apply", "--server-side", "-f", &p]);
+    let node = json(&f.k.ok(&["get", "csinode", "node-1", "-o", "json"]));
+    assert_eq!(
+        node["spec"]["drivers"].as_array().map(Vec::len),
+        Some(1),
+        "{node}"
+    );
 
     let out = f.k.ok(&["get", "pv,sc,csidriver,csinode,volumeattachment"]);
     let (h, r) = table(&out, "persistentvolume/pv-one");
