@@ -9,7 +9,8 @@
 //! [`rootcacertpublisher`] (each namespace's identity for pods), [`csrapproving`] and
 //! [`csrsigning`] (node client certificates through CertificateSigningRequests), [`hpa`]
 //! (HorizontalPodAutoscalers on metrics.k8s.io), [`disruption_budget`] (PodDisruptionBudget
-//! status for evictions); [`pods`] holds what they
+//! status for evictions), [`volumeprotection`] (claims and volumes kept while in use);
+//! [`pods`] holds what they
 //! ask of pods; [`manager`] runs the enabled ones under leader election with health and
 //! metrics; [`flags`] are the
 //! controller-manager's command-line flags.
@@ -48,6 +49,7 @@ pub mod servicelb;
 pub mod statefulset;
 pub mod tainteviction;
 pub mod ttlafterfinished;
+pub mod volumeprotection;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -93,10 +95,12 @@ pub enum ControllerName {
     CsrSigning,
     HorizontalPodAutoscaler,
     DisruptionBudget,
+    PvcProtection,
+    PvProtection,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 24] = [
+    pub const ALL: [ControllerName; 26] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -121,6 +125,8 @@ impl ControllerName {
         ControllerName::CsrSigning,
         ControllerName::HorizontalPodAutoscaler,
         ControllerName::DisruptionBudget,
+        ControllerName::PvcProtection,
+        ControllerName::PvProtection,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -149,6 +155,8 @@ impl ControllerName {
             ControllerName::CsrSigning => "csrsigning",
             ControllerName::HorizontalPodAutoscaler => "horizontalpodautoscaling",
             ControllerName::DisruptionBudget => "disruption",
+            ControllerName::PvcProtection => "pvc-protection",
+            ControllerName::PvProtection => "pv-protection",
         }
     }
 
@@ -179,6 +187,8 @@ impl ControllerName {
             ControllerName::CsrSigning => "certificatesigningrequest-signing-controller",
             ControllerName::HorizontalPodAutoscaler => "horizontal-pod-autoscaler-controller",
             ControllerName::DisruptionBudget => "disruption-controller",
+            ControllerName::PvcProtection => "persistentvolumeclaim-protection-controller",
+            ControllerName::PvProtection => "persistentvolume-protection-controller",
         }
     }
 }
@@ -453,6 +463,12 @@ pub async fn run(
     }
     if on(ControllerName::StatefulSet) {
         tasks.push(Box::pin(statefulset::build(&ctx).run(t())));
+    }
+    if on(ControllerName::PvcProtection) {
+        tasks.push(Box::pin(volumeprotection::build_pvc(&ctx).run(t())));
+    }
+    if on(ControllerName::PvProtection) {
+        tasks.push(Box::pin(volumeprotection::build_pv(&ctx).run(t())));
     }
     if on(ControllerName::TtlAfterFinished) {
         tasks.push(Box::pin(ttlafterfinished::build(&ctx).run(t())));

@@ -477,6 +477,29 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "pvc-protection-controller",
+            vec![
+                r(
+                    &["get", "list", "watch", "update", "patch"],
+                    &[""],
+                    &["persistentvolumeclaims"],
+                ),
+                r(&["get", "list", "watch"], &[""], &["pods"]),
+                events_rule(),
+            ],
+        ),
+        (
+            "pv-protection-controller",
+            vec![
+                r(
+                    &["get", "list", "watch", "update", "patch"],
+                    &[""],
+                    &["persistentvolumes"],
+                ),
+                events_rule(),
+            ],
+        ),
+        (
             "ttl-after-finished-controller",
             vec![
                 r(&["delete", "get", "list", "watch"], &["batch"], &["jobs"]),
