@@ -403,14 +403,10 @@ spec:
         .delete("data-db-0", &DeleteParams::default())
         .await
         .unwrap();
-    // The claim carries kubernetes.io/pvc-protection (StorageObjectInUseProtection); no
-    // protection controller removes it yet, so the test does.
-    claims
-        .patch(
-            "data-db-0",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
+    // The claim carries kubernetes.io/pvc-protection: it goes once the set's orphaned pod,
+    // which mounts it, is gone too.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = c.api("wl");
+    pods.delete("db-0", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
     wait_until_async("storage given back", WAIT, || async {
