@@ -559,6 +559,9 @@ impl Cluster {
     fn start_etcd(&mut self) -> Result<Vec<u16>, Error> {
         let dir = self.state_dir.join("etcd");
         let pki = self.etcd_pki();
+        // A new cluster: nothing an earlier one left may be reused (no cluster is recorded
+        // here, or `up` would have refused).
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(io_err(dir.display()))?;
         let members: Vec<(String, u16, u16, u16)> = (0..ETCD_MEMBERS)
             .map(|i| {
@@ -1391,10 +1394,20 @@ pub fn down(state_dir: &Path) -> Result<Vec<String>, Error> {
             done.push(format!("data of {}", n.name));
         }
     }
+    // Several control planes: their data and etcd's (a later `up` starts a new cluster;
+    // members must never start on an old cluster's data with new ports).
+    for server in &s.servers {
+        let _ = std::fs::remove_dir_all(&server.data_dir);
+    }
+    if !s.etcd.is_empty() && state_dir.join("etcd").exists() {
+        let _ = std::fs::remove_dir_all(state_dir.join("etcd"));
+        done.push("etcd data".into());
+    }
     for leftover in [
         "control-plane",
         "kubeconfig",
         "node-kubeconfig",
+        "proxy-kubeconfig",
         "bootstrap-kubeconfig",
         "kubectl-home",
     ] {
