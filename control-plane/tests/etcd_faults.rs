@@ -59,6 +59,27 @@ async fn create_acked(cms: &Api<ConfigMap>, name: &str) -> Result<u64, String> {
     Err(format!("{name} not written within 120 s: {last}"))
 }
 
+/// An API server on `etcd` (no compaction), its ConfigMaps in `default` as the admin, and
+/// its data directory (kept as long as the server runs).
+async fn server_on(
+    etcd: &EtcdCluster,
+) -> (
+    control_plane::apiserver::RunningServer,
+    Api<ConfigMap>,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
+    let mut store = EtcdConfig::new(etcd.endpoints());
+    store.compaction_interval = Duration::ZERO;
+    config.store = Backend::Etcd(store);
+    let server = Server::start(config).await.unwrap();
+    let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
+        .await
+        .unwrap();
+    (server, Api::namespaced(client, "default"), dir)
+}
+
 /// Every acknowledged write is stored at the revision it was acknowledged at; what is
 /// stored (name -> revision).
 async fn assert_stored(
@@ -82,16 +103,7 @@ async fn assert_stored(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_etcd_leader_killed_during_a_burst_of_writes_loses_nothing() {
     let mut etcd = EtcdCluster::start(3);
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::new(dir.path().join("data"), "127.0.0.1:0".parse().unwrap());
-    let mut store = EtcdConfig::new(etcd.endpoints());
-    store.compaction_interval = Duration::ZERO;
-    config.store = Backend::Etcd(store);
-    let server = Server::start(config).await.unwrap();
-    let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
-        .await
-        .unwrap();
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let (server, cms, _dir) = server_on(&etcd).await;
     let start = rv_of(
         &cms.create(&PostParams::default(), &cm("seed"))
             .await
@@ -286,16 +298,7 @@ async fn an_etcd_member_cut_off_for_30_s_loses_no_write_and_converges() {
         etcd.set_cgroup(i, g.path());
     }
     etcd.start_all();
-    let data = tempfile::tempdir().unwrap();
-    let mut config = Config::new(data.path().join("data"), "127.0.0.1:0".parse().unwrap());
-    let mut store = EtcdConfig::new(etcd.endpoints());
-    store.compaction_interval = Duration::ZERO;
-    config.store = Backend::Etcd(store);
-    let server = Server::start(config).await.unwrap();
-    let client = control_plane::runtime::client::from_kubeconfig(server.kubeconfig_path())
-        .await
-        .unwrap();
-    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let (server, cms, _data) = server_on(&etcd).await;
 
     // Two writers write until told to stop, retrying what the cut interrupts.
     let acked = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
