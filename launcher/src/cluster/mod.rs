@@ -717,10 +717,13 @@ impl Cluster {
             SocketAddr::from((spec.subnet.host(), registry_port)),
             spec.registry,
         )];
-        if !self.state.servers.is_empty() {
-            // The host's kubectl: the bridge's address, relayed to a server that answers.
+        // The host's kubectl with several control planes: the bridge's address, relayed to
+        // a server that answers.
+        let api_relay = (!self.state.servers.is_empty())
+            .then(|| SocketAddr::from((spec.subnet.host(), ha_api_port(spec))));
+        if let Some(listen) = api_relay {
             forwards.push(Forward {
-                listen: SocketAddr::from((spec.subnet.host(), ha_api_port(spec))),
+                listen,
                 to: self.state.servers.iter().map(|s| s.addr).collect(),
             });
         }
@@ -729,7 +732,7 @@ impl Cluster {
                 let relay = Relay::start(&forwards).map_err(io_err("starting the relay"))?;
                 let bound = relay.bound[0];
                 self.relay = Some(relay);
-                self.point_admin_at_relay()?;
+                self.point_admin_at(api_relay)?;
                 Ok(bound)
             }
             RelayMode::Process { program, args, .. } => {
@@ -753,7 +756,7 @@ impl Cluster {
                             .map_err(|e| e.to_string())
                     })?;
                 }
-                self.point_admin_at_relay()?;
+                self.point_admin_at(api_relay)?;
                 Ok(forwards[0].listen)
             }
         }
@@ -771,20 +774,11 @@ impl Cluster {
     }
 
     /// With several control planes, the admin kubeconfig names the relay at the bridge's
-    /// address (which fails over) instead of the first server.
-    fn point_admin_at_relay(&mut self) -> Result<(), Error> {
-        let Some(first) = self.state.servers.first() else {
+    /// address (`relay`, which fails over) instead of the first server.
+    fn point_admin_at(&mut self, relay: Option<SocketAddr>) -> Result<(), Error> {
+        let Some(lb) = relay else {
             return Ok(());
         };
-        let lb = SocketAddr::new(
-            self.state
-                .subnet
-                .parse::<Subnet>()
-                .map_err(Error::new)?
-                .host()
-                .into(),
-            first.addr.port(),
-        );
         let text = std::fs::read_to_string(self.kubeconfig())
             .map_err(io_err(self.kubeconfig().display()))?;
         write_private(&self.kubeconfig(), &with_server(&text, lb))?;
