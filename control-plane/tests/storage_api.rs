@@ -10,6 +10,12 @@ mod api_support;
 use serde_json::Value;
 use skiff_tests::kubectl::ServerFixture;
 
+/// `kubectl apply` of `yaml` (written to `file`) refused: what kubectl printed.
+fn apply_refused(f: &ServerFixture, file: &str, yaml: &str) -> String {
+    let p = f.file(file, yaml);
+    f.k.fails(&["apply", "-f", &p])
+}
+
 fn start() -> ServerFixture {
     let args = api_support::server_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -351,26 +357,20 @@ fn bad_input_is_invalid_with_field_paths() {
         err.contains("The PersistentVolume \"nocap\" is invalid: spec.capacity: Required value"),
         "{err}"
     );
-    let bad_mode = f.file(
-        "badmode.yaml",
+    let err = apply_refused(&f, "badmode.yaml",
         &pv(
             "badmode",
             "  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteSometimes]\n  hostPath:\n    path: /data\n",
-        ),
-    );
-    let err = f.k.fails(&["apply", "-f", &bad_mode]);
+        ));
     assert!(
         err.contains("spec.accessModes: Unsupported value: \"ReadWriteSometimes\""),
         "{err}"
     );
-    let two = f.file(
-        "two.yaml",
+    let err = apply_refused(&f, "two.yaml",
         &pv(
             "two",
             "  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOncePod, ReadWriteOnce]\n  hostPath:\n    path: /data\n",
-        ),
-    );
-    let err = f.k.fails(&["apply", "-f", &two]);
+        ));
     assert!(
         err.contains(
             "spec.accessModes: Forbidden: may not use ReadWriteOncePod with other access modes"
@@ -390,8 +390,7 @@ fn bad_input_is_invalid_with_field_paths() {
     // A class's parameters never change.
     let sc = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: fast\nprovisioner: csi.skiff.dev\nparameters:\n  type: ssd\n";
     f.k.ok(&["apply", "-f", &f.file("sc.yaml", sc)]);
-    let changed = f.file("sc2.yaml", &sc.replace("type: ssd", "type: hdd"));
-    let err = f.k.fails(&["apply", "-f", &changed]);
+    let err = apply_refused(&f, "sc2.yaml", &sc.replace("type: ssd", "type: hdd"));
     assert!(
         err.contains("The StorageClass \"fast\" is invalid: parameters: Forbidden: updates to parameters are forbidden."),
         "{err}"
@@ -446,11 +445,8 @@ fn bad_input_is_invalid_with_field_paths() {
     assert!(table.contains("Bound") && table.contains("1Gi"), "{table}");
 
     // An attachment names its node.
-    let va = f.file(
-        "va.yaml",
-        "apiVersion: storage.k8s.io/v1\nkind: VolumeAttachment\nmetadata:\n  name: va\nspec:\n  attacher: csi.skiff.dev\n  source:\n    persistentVolumeName: pv-one\n",
-    );
-    let err = f.k.fails(&["apply", "-f", &va]);
+    let err = apply_refused(&f, "va.yaml",
+        "apiVersion: storage.k8s.io/v1\nkind: VolumeAttachment\nmetadata:\n  name: va\nspec:\n  attacher: csi.skiff.dev\n  source:\n    persistentVolumeName: pv-one\n");
     assert!(
         err.contains("The VolumeAttachment \"va\" is invalid: spec.nodeName: Required value"),
         "{err}"
