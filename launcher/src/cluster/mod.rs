@@ -27,6 +27,7 @@ use relay::{Forward, Relay};
 pub use state::{Binaries, NodeState, ServerState, State};
 use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -105,6 +106,12 @@ pub struct Spec {
     /// and waited for; node agents get `--cluster-dns` and `--cluster-domain`. Its pods
     /// reach the API through the `kubernetes` Service: with [`Spec::own_pod_network`].
     pub cluster_dns: bool,
+    /// skiff's CSI driver as workloads: deploy/csi.yaml (DaemonSet `skiff-csi-node` on every
+    /// node, Deployment `skiff-csi-controller`, CSIDriver `local.csi.skiff.io` and the
+    /// default StorageClass `skiff-local`) applied once nodes and proxies run, and waited
+    /// for until every node has the driver registered (its CSINode lists it). Its pods
+    /// reach the API through the `kubernetes` Service: with [`Spec::own_pod_network`].
+    pub csi: bool,
     /// Control-plane servers. One: on the embedded store, at the bridge's address. More:
     /// a 3-member etcd on loopback and that many `control-plane server`s on it, each at an
     /// address of its own on the bridge ([`Subnet::control_plane`]) sharing the cluster CA
@@ -197,10 +204,19 @@ impl Spec {
             tls_bootstrap: false,
             proxy: ProxyDeployment::Process,
             cluster_dns: false,
+            csi: false,
             control_planes: 1,
         }
     }
 }
+
+/// skiff's CSI driver as workloads (csi/): the node plugin DaemonSet, the controller
+/// Deployment, the CSIDriver and the default StorageClass.
+pub const CSI_MANIFEST: &str = include_str!("../../../deploy/csi.yaml");
+/// The driver's name, in CSIDriver, StorageClass `skiff-local` and every CSINode.
+pub const CSI_DRIVER: &str = "local.csi.skiff.io";
+/// deploy/csi.yaml's StorageClass, the cluster's default.
+pub const CSI_STORAGE_CLASS: &str = "skiff-local";
 
 /// The cluster DNS Service's address (`kube-dns`, in deploy/dns.yaml), as in Kubernetes.
 pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
@@ -380,6 +396,78 @@ impl Cluster {
             self.step("cluster DNS: deploy/dns.yaml applied, Ready", |c| {
                 c.deploy_dns()
             })?;
+        }
+        if spec.csi {
+            self.step(
+                &format!("CSI driver: deploy/csi.yaml applied, registered on {n} nodes"),
+                |c| c.deploy_csi(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Applies [`CSI_MANIFEST`] with kubectl and waits until the node plugin is Ready on
+    /// every node, the controller is Ready, and every node agent has registered the driver
+    /// (its CSINode lists [`CSI_DRIVER`]).
+    fn deploy_csi(&self) -> Result<(), Error> {
+        let applied = self
+            .kubectl()
+            .within(Duration::from_secs(60))
+            .run_with_stdin(&["apply", "-f", "-"], CSI_MANIFEST);
+        if !applied.success {
+            return Err(Error::new(format!(
+                "kubectl apply deploy/csi.yaml: {}{}",
+                applied.stdout, applied.stderr
+            )));
+        }
+        self.wait_csi()
+    }
+
+    /// Waits until skiff's CSI driver is Ready and registered on every node.
+    pub fn wait_csi(&self) -> Result<(), Error> {
+        let n = self.state.nodes.len() as u64;
+        wait_for(
+            "the CSI node plugin Ready on every node and its controller Ready",
+            READY_TIMEOUT,
+            || {
+                let ds = self
+                    .api_get("/apis/apps/v1/namespaces/kube-system/daemonsets/skiff-csi-node")
+                    .map_err(|e| e.to_string())?;
+                let st = &ds["status"];
+                if st["numberReady"].as_u64() != Some(n)
+                    || st["updatedNumberScheduled"].as_u64() != Some(n)
+                {
+                    return Err(format!("node plugin: {st}"));
+                }
+                let d = self
+                    .api_get(
+                        "/apis/apps/v1/namespaces/kube-system/deployments/skiff-csi-controller",
+                    )
+                    .map_err(|e| e.to_string())?;
+                match d.pointer("/status/readyReplicas").and_then(|v| v.as_u64()) {
+                    Some(r) if r >= 1 => Ok(()),
+                    _ => Err(format!("controller: {}", d["status"])),
+                }
+            },
+        )?;
+        for node in &self.state.nodes {
+            wait_for(
+                &format!("{CSI_DRIVER} registered on {}", node.name),
+                READY_TIMEOUT,
+                || {
+                    let c = self
+                        .api_get(&format!("/apis/storage.k8s.io/v1/csinodes/{}", node.name))
+                        .map_err(|e| e.to_string())?;
+                    let listed = c["spec"]["drivers"]
+                        .as_array()
+                        .is_some_and(|d| d.iter().any(|d| d["name"] == CSI_DRIVER));
+                    if listed {
+                        Ok(())
+                    } else {
+                        Err(format!("CSINode {c}"))
+                    }
+                },
+            )?;
         }
         Ok(())
     }
@@ -704,6 +792,51 @@ impl Cluster {
             )?;
         }
         self.state.servers[i].pid = None;
+        self.save()
+    }
+
+    /// Stops the node agent of the `i`-th node with SIGTERM, as a node's service manager
+    /// does, and starts it again with the same command line, in the same namespace and
+    /// cgroup. Its pods and their containers keep running; the new agent takes them over.
+    pub fn restart_agent(&mut self, i: usize) -> Result<(), Error> {
+        let node = self
+            .state
+            .nodes
+            .get(i)
+            .cloned()
+            .ok_or_else(|| Error::new(format!("no node {i}")))?;
+        let program = process::program_name(&self.state.binaries.node);
+        let pid = node
+            .agent
+            .filter(|p| process::alive(*p, &program))
+            .ok_or_else(|| Error::new(format!("the agent of {} is not running", node.name)))?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map_err(io_err(format!("the command line of {}'s agent", node.name)))?;
+        let mut argv = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| std::ffi::OsStr::from_bytes(a).to_os_string());
+        let exe = argv
+            .next()
+            .ok_or_else(|| Error::new("an empty command line"))?;
+        if !process::stop(pid, &program, Duration::from_secs(30)) || process::alive(pid, &program) {
+            return Err(Error::new(format!(
+                "the agent of {} did not stop",
+                node.name
+            )));
+        }
+        let mut cmd = Command::new(exe);
+        cmd.args(argv);
+        let pid = process::spawn(
+            &mut cmd,
+            &self.log(&format!("node-{}", node.name)),
+            Placement {
+                netns: Some(&node.netns),
+                cgroup: Some(&node.host_cgroup()),
+                priority: Priority::System,
+            },
+        )?;
+        self.state.nodes[i].agent = Some(pid);
         self.save()
     }
 
