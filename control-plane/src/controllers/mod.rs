@@ -9,7 +9,9 @@
 //! [`rootcacertpublisher`] (each namespace's identity for pods), [`csrapproving`] and
 //! [`csrsigning`] (node client certificates through CertificateSigningRequests), [`hpa`]
 //! (HorizontalPodAutoscalers on metrics.k8s.io), [`disruption_budget`] (PodDisruptionBudget
-//! status for evictions), [`volumeprotection`] (claims and volumes kept while in use);
+//! status for evictions), [`volumeprotection`] (claims and volumes kept while in use),
+//! [`persistentvolume`] (the PersistentVolume binder: claims bound to volumes, external
+//! provisioners asked, volumes released and reclaimed);
 //! [`pods`] holds what they
 //! ask of pods; [`manager`] runs the enabled ones under leader election with health and
 //! metrics; [`flags`] are the
@@ -38,6 +40,7 @@ pub mod manager;
 pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
+pub mod persistentvolume;
 pub mod podgc;
 pub mod pods;
 pub mod replicaset;
@@ -97,10 +100,11 @@ pub enum ControllerName {
     DisruptionBudget,
     PvcProtection,
     PvProtection,
+    PersistentVolumeBinder,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 26] = [
+    pub const ALL: [ControllerName; 27] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -127,6 +131,7 @@ impl ControllerName {
         ControllerName::DisruptionBudget,
         ControllerName::PvcProtection,
         ControllerName::PvProtection,
+        ControllerName::PersistentVolumeBinder,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -157,6 +162,7 @@ impl ControllerName {
             ControllerName::DisruptionBudget => "disruption",
             ControllerName::PvcProtection => "pvc-protection",
             ControllerName::PvProtection => "pv-protection",
+            ControllerName::PersistentVolumeBinder => "persistentvolume-binder",
         }
     }
 
@@ -189,6 +195,7 @@ impl ControllerName {
             ControllerName::DisruptionBudget => "disruption-controller",
             ControllerName::PvcProtection => "persistentvolumeclaim-protection-controller",
             ControllerName::PvProtection => "persistentvolume-protection-controller",
+            ControllerName::PersistentVolumeBinder => "persistentvolume-binder-controller",
         }
     }
 }
@@ -469,6 +476,9 @@ pub async fn run(
     }
     if on(ControllerName::PvProtection) {
         tasks.push(Box::pin(volumeprotection::build_pv(&ctx).run(t())));
+    }
+    if on(ControllerName::PersistentVolumeBinder) {
+        tasks.push(Box::pin(persistentvolume::build(&ctx).run(t())));
     }
     if on(ControllerName::TtlAfterFinished) {
         tasks.push(Box::pin(ttlafterfinished::build(&ctx).run(t())));

@@ -500,6 +500,37 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "persistent-volume-binder",
+            vec![
+                r(
+                    &[
+                        "create", "delete", "get", "list", "patch", "update", "watch",
+                    ],
+                    &[""],
+                    &["persistentvolumes"],
+                ),
+                r(&["patch", "update"], &[""], &["persistentvolumes/status"]),
+                r(
+                    &["get", "list", "patch", "update", "watch"],
+                    &[""],
+                    &["persistentvolumeclaims"],
+                ),
+                r(
+                    &["patch", "update"],
+                    &[""],
+                    &["persistentvolumeclaims/status"],
+                ),
+                r(
+                    &["create", "delete", "get", "list", "watch"],
+                    &[""],
+                    &["pods"],
+                ),
+                r(READ, &[""], &["nodes"]),
+                r(READ, &["storage.k8s.io"], &["storageclasses"]),
+                events_rule(),
+            ],
+        ),
+        (
             "ttl-after-finished-controller",
             vec![
                 r(&["delete", "get", "list", "watch"], &["batch"], &["jobs"]),
