@@ -102,6 +102,21 @@ async fn stateful_set_starts_in_order_keeps_claims_and_rolls_back_with_kubectl()
     let sets: Api<StatefulSet> = c.api("default");
     let claims: Api<PersistentVolumeClaim> = c.api("default");
     let revisions: Api<ControllerRevision> = c.api("default");
+    // The set's claims (no class) bind to these static volumes (one each), so that the
+    // scheduler's VolumeBinding lets their pods run.
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(c.client.clone());
+    for i in 0..3 {
+        let pv = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("web-volume-{i}")},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": format!("/tmp/web-volume-{i}")}}
+        }))
+        .unwrap();
+        volumes
+            .create(&kube::api::PostParams::default(), &pv)
+            .await
+            .unwrap();
+    }
 
     // For every pod, the Ready pods of the set when it first appeared.
     let watch_pods = pods.clone();

@@ -18,7 +18,7 @@ use super::framework::{Diagnosis, FitError, Plugin, Rejection};
 use super::node_info::NodeInfo;
 use super::plugins::{
     balanced_allocation, image_locality, inter_pod_affinity, node_affinity, node_name, node_ports,
-    node_resources_fit, node_unschedulable, pod_topology_spread, taint_toleration,
+    node_resources_fit, node_unschedulable, pod_topology_spread, taint_toleration, volume_binding,
 };
 use super::pod_info::PodInfo;
 
@@ -85,6 +85,7 @@ pub(super) struct Cycle<'a> {
     pub(super) cache: &'a Cache,
     spread: Option<pod_topology_spread::FilterState>,
     affinity: Option<inter_pod_affinity::FilterState>,
+    volumes: Option<volume_binding::FilterState>,
 }
 
 impl<'a> Cycle<'a> {
@@ -96,6 +97,7 @@ impl<'a> Cycle<'a> {
             cache,
             spread: pod_topology_spread::pre_filter(pod, cache),
             affinity: inter_pod_affinity::pre_filter(pod, cache),
+            volumes: None,
         }
     }
 
@@ -108,6 +110,9 @@ impl<'a> Cycle<'a> {
         node_affinity::filter(pod, node)?;
         node_ports::filter(pod, node)?;
         node_resources_fit::filter(pod, node)?;
+        if let Some(s) = &self.volumes {
+            volume_binding::filter(s, node)?;
+        }
         if let Some(s) = &self.spread {
             pod_topology_spread::filter(s, pod, node)?;
         }
@@ -195,7 +200,22 @@ impl Algorithm {
                 }));
             }
         };
-        let cycle = Cycle::new(pod, cache);
+        let volumes = match cache.volume_listers() {
+            Some(l) => match volume_binding::pre_filter(pod, l) {
+                Ok(v) => v,
+                Err(r) => {
+                    diagnosis.plugins.insert(r.plugin);
+                    diagnosis.pre_filter = Some(r.reasons.join(", "));
+                    return Err(Failure::Unfit(FitError {
+                        nodes: all,
+                        diagnosis,
+                    }));
+                }
+            },
+            None => None,
+        };
+        let mut cycle = Cycle::new(pod, cache);
+        cycle.volumes = volumes;
         // A pod preemption nominated to a node tries that node first and takes it if it
         // fits (kube-scheduler's evaluateNominatedNode).
         if let Some(name) = nominated_node(cache, pod) {

@@ -4,7 +4,7 @@
 //! node preemption nominated it to; and the preemption of a victim (its DisruptionTarget
 //! condition, then a graceful delete).
 
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Status, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -69,6 +69,29 @@ impl Binder {
             )
             .await
             .map(|_| ())
+    }
+
+    /// Sets `volume.kubernetes.io/selected-node` on a claim (VolumeBinding's PreBind), on
+    /// the version read, so a claim bound meanwhile is not annotated behind its back.
+    pub async fn select_node(
+        &self,
+        claim: &PersistentVolumeClaim,
+        node: &str,
+    ) -> Result<(), kube::Error> {
+        use kube::ResourceExt;
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {
+            "resourceVersion": claim.resource_version(),
+            "annotations": {crate::controllers::persistentvolume::ANN_SELECTED_NODE: node},
+        }});
+        api.patch(
+            &claim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Sets PodScheduled=False, reason Unschedulable, with `message`, and the nomination,

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 
 use super::node_info::NodeInfo;
+use super::plugins::volume_binding;
 use super::pod_info::{PodInfo, PodUid};
 use super::preemption::Budget;
 
@@ -125,11 +126,22 @@ pub struct Cache {
     /// priority are tried on that node.
     nominated: HashMap<Arc<str>, Vec<Arc<PodInfo>>>,
     nominations: HashMap<PodUid, Arc<str>>,
+    /// Claims, volumes and classes (VolumeBinding); None in tests without them.
+    volumes: Option<volume_binding::Listers>,
 }
 
 impl Cache {
     pub fn new() -> Cache {
         Cache::default()
+    }
+
+    /// Where VolumeBinding reads claims, volumes and classes.
+    pub fn set_volume_listers(&mut self, listers: volume_binding::Listers) {
+        self.volumes = Some(listers);
+    }
+
+    pub fn volume_listers(&self) -> Option<&volume_binding::Listers> {
+        self.volumes.as_ref()
     }
 
     fn entry(&mut self, name: &str) -> (Arc<str>, &mut NodeInfo) {

@@ -7,6 +7,7 @@
 //! FailedScheduling event, PodScheduled=False and its nominatedNodeName, until the victims'
 //! deletion brings it back.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -18,7 +19,8 @@ use super::algorithm::{nominated_node, Algorithm, Decision, Failure};
 use super::binder::{Binder, Nomination};
 use super::cache::Cache;
 use super::metrics::{AttemptResult, Metrics, Phase};
-use super::pod_info::PodInfo;
+use super::plugins::volume_binding;
+use super::pod_info::{PodInfo, PodUid};
 use super::preemption::{self, Outcome};
 use super::queue::{QueuedPod, SchedulingQueue};
 use crate::runtime::{EventType, Recorder};
@@ -48,9 +50,12 @@ pub struct Scheduler {
     pub(super) queue: SchedulingQueue,
     pub(super) metrics: Metrics,
     pub(super) scheduler_name: String,
-    binder: Binder,
-    recorder: Recorder,
+    pub(super) binder: Binder,
+    pub(super) recorder: Recorder,
     bind_slots: Arc<Semaphore>,
+    /// Pending pods by `namespace/claim` of each claim they use: a claim event wakes its
+    /// own pods only.
+    claim_users: Mutex<HashMap<String, HashSet<PodUid>>>,
 }
 
 impl Scheduler {
@@ -70,7 +75,38 @@ impl Scheduler {
             binder,
             recorder,
             bind_slots: Arc::new(Semaphore::new(parallel_binds.max(1))),
+            claim_users: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn claim_users_lock(&self) -> MutexGuard<'_, HashMap<String, HashSet<PodUid>>> {
+        self.claim_users.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records (`add`) or forgets a pending pod as a user of its claims.
+    pub(super) fn track_claims(&self, uid: &PodUid, claims: &[String], add: bool) {
+        if claims.is_empty() {
+            return;
+        }
+        let mut users = self.claim_users_lock();
+        for c in claims {
+            if add {
+                users.entry(c.clone()).or_default().insert(uid.clone());
+            } else if let Some(set) = users.get_mut(c) {
+                set.remove(uid);
+                if set.is_empty() {
+                    users.remove(c);
+                }
+            }
+        }
+    }
+
+    /// The pending pods using the claim `namespace/name`.
+    pub(super) fn users_of(&self, claim: &str) -> Vec<PodUid> {
+        self.claim_users_lock()
+            .get(claim)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub(super) fn cache(&self) -> MutexGuard<'_, Cache> {
@@ -224,8 +260,60 @@ impl Scheduler {
         futures::future::join_all(jobs).await;
     }
 
+    /// VolumeBinding's PreBind: the pod's unbound WaitForFirstConsumer claims get the
+    /// chosen node as their selected node (the provisioner's cue). Ok(true): every claim is
+    /// bound, the pod may bind; Ok(false): it waits for its volumes.
+    async fn pre_bind(&self, pod: &PodInfo, node: &str) -> Result<bool, String> {
+        let Some(listers) = self.cache().volume_listers().cloned() else {
+            return Ok(true);
+        };
+        let (to_select, unbound) = volume_binding::unbound_claims(&pod.pod, &listers);
+        for claim in &to_select {
+            let current = claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::controllers::persistentvolume::ANN_SELECTED_NODE));
+            if current.is_some_and(|n| n == node) {
+                continue;
+            }
+            match self.binder.select_node(claim, node).await {
+                Ok(()) => {}
+                // The claim changed since the cache saw it: its event brings the pod back.
+                Err(kube::Error::Api(s)) if s.code == 409 => return Ok(false),
+                Err(e) => return Err(e.to_string()),
+            }
+            tracing::info!(pod = %pod.key(), claim = ?claim.metadata.name, node, "selected node for the claim");
+        }
+        Ok(!unbound)
+    }
+
     async fn bind(self: Arc<Self>, qp: QueuedPod, decision: Decision, started: Instant) {
         let pod = qp.info;
+        match self.pre_bind(&pod, &decision.node).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // Not bound: its node is kept on the claims; the claims' events bring it back.
+                self.cache().forget(&pod.uid);
+                self.queue.wait_for_volumes(&pod.uid);
+                tracing::debug!(pod = %pod.key(), node = %decision.node, "waiting for volumes");
+                return;
+            }
+            Err(e) => {
+                self.cache().forget(&pod.uid);
+                self.queue.requeue_backoff(&pod.uid);
+                self.metrics
+                    .attempt(AttemptResult::Error, started.elapsed());
+                tracing::info!(pod = %pod.key(), node = %decision.node, error = %e, "PreBind failed");
+                self.recorder.event(
+                    pod.pod.as_ref(),
+                    EventType::Warning,
+                    "FailedScheduling",
+                    format!("running PreBind plugin \"VolumeBinding\": binding volumes: {e}"),
+                );
+                return;
+            }
+        }
         let result = {
             let _slot = self.bind_slots.acquire().await;
             let t = Instant::now();

@@ -10,15 +10,20 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
+use super::binder::Nomination;
 use super::cycle::Scheduler;
 use super::hints::{node_update_matters, ClusterEvent};
+use super::plugins::volume_binding::claims_of;
 use super::pod_info::{PodInfo, PodUid};
 use super::preemption::Budget;
+use crate::controllers::persistentvolume::{self as pvb, ANN_SELECTED_NODE};
 use crate::runtime::Change;
+use crate::runtime::EventType;
 
 fn assigned(p: &Pod) -> bool {
     p.spec
@@ -57,9 +62,11 @@ impl Scheduler {
     fn pending(&self, pod: &Arc<Pod>) {
         let info = Arc::new(PodInfo::new(pod.clone()));
         if finished(pod) || !self.ours(&info) {
+            self.track_claims(&info.uid, &claims_of(pod), false);
             self.queue.delete(&info.uid);
             self.cache().clear_nomination(&info.uid);
         } else {
+            self.track_claims(&info.uid, &claims_of(pod), true);
             self.nominate(&info);
             self.queue.add(info);
         }
@@ -104,6 +111,7 @@ impl Scheduler {
 
     fn gone(&self, pod: &Pod) {
         let uid = uid(pod);
+        self.track_claims(&uid, &claims_of(pod), false);
         self.queue.delete(&uid);
         let removed = {
             let mut cache = self.cache();
@@ -125,6 +133,7 @@ impl Scheduler {
                     self.gone(p);
                 } else {
                     // Bound: no longer pending (a no-op unless it just got bound).
+                    self.track_claims(&uid(p), &claims_of(p), false);
                     self.queue.delete(&uid(p));
                     self.bound(p);
                 }
@@ -180,6 +189,92 @@ impl Scheduler {
                 }
             }
             Change::Deleted(ns) => self.cache().remove_namespace(&ns.name_any()),
+        }
+    }
+
+    /// A claim changed: the pending pods using it may go on. A selected node that
+    /// disappeared from a claim still unbound means its provisioner gave up: its pods fail
+    /// (FailedScheduling, back-off) and the next attempt selects a node again.
+    pub fn on_claim(self: &Arc<Self>, change: &Change<PersistentVolumeClaim>) {
+        let claim = change.object();
+        let key = pvb::claim_key(claim);
+        let users = self.users_of(&key);
+        if users.is_empty() {
+            return;
+        }
+        let gave_up = match change {
+            Change::Updated { old, new } => {
+                let selected = |c: &PersistentVolumeClaim| {
+                    c.metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(ANN_SELECTED_NODE))
+                };
+                selected(old)
+                    && !selected(new)
+                    && pvb::volume_name(new).is_none()
+                    && new.metadata.deletion_timestamp.is_none()
+            }
+            _ => false,
+        };
+        if gave_up {
+            let message = format!(
+                "running PreBind plugin \"VolumeBinding\": binding volumes: provisioning failed for PVC {:?}",
+                claim.name_any()
+            );
+            for uid in &users {
+                let Some(info) = self.queue.fail_parked(uid) else {
+                    continue;
+                };
+                tracing::info!(pod = %info.key(), claim = %key, "provisioning failed; retrying");
+                self.recorder.event(
+                    info.pod.as_ref(),
+                    EventType::Warning,
+                    "FailedScheduling",
+                    message.clone(),
+                );
+                let (me, msg) = (self.clone(), message.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = me
+                        .binder
+                        .mark_unschedulable(&info, &msg, &Nomination::Keep)
+                        .await
+                    {
+                        tracing::debug!(pod = %info.key(), error = %e, "setting PodScheduled=False failed");
+                    }
+                });
+            }
+        }
+        let moved = self
+            .queue
+            .on_event_for(&users, ClusterEvent::ClaimChanged(Arc::from(key.as_str())));
+        self.metrics.moved("PvcChange", moved);
+    }
+
+    /// A volume changed: the pods of the claim it is bound to may go on; a free one may
+    /// serve any pod VolumeBinding rejected.
+    pub fn on_volume(&self, change: &Change<PersistentVolume>) {
+        if matches!(change, Change::Deleted(_)) {
+            return;
+        }
+        let pv = change.object();
+        match pvb::claim_ref_key(pv) {
+            Some(key) => {
+                let users = self.users_of(&key);
+                if !users.is_empty() {
+                    let moved = self
+                        .queue
+                        .on_event_for(&users, ClusterEvent::ClaimChanged(Arc::from(key.as_str())));
+                    self.metrics.moved("PvcChange", moved);
+                }
+            }
+            None => self.event(ClusterEvent::StorageChanged),
+        }
+    }
+
+    pub fn on_class(&self, change: &Change<StorageClass>) {
+        if !matches!(change, Change::Deleted(_)) {
+            self.event(ClusterEvent::StorageChanged);
         }
     }
 }

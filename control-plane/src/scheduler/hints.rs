@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use super::framework::{Plugin, PluginSet};
 use super::plugins::{
     inter_pod_affinity, node_affinity, node_ports, node_resources_fit, node_unschedulable,
-    pod_topology_spread, taint_toleration,
+    pod_topology_spread, taint_toleration, volume_binding,
 };
 use super::pod_info::PodInfo;
 
@@ -34,6 +34,10 @@ pub enum ClusterEvent {
     PodDeleted(Arc<PodInfo>),
     /// Namespace labels changed (affinity terms' namespaceSelector).
     NamespaceChanged,
+    /// The PersistentVolumeClaim `namespace/name` (or a volume bound to it) changed.
+    ClaimChanged(Arc<str>),
+    /// A free PersistentVolume or a StorageClass appeared or changed.
+    StorageChanged,
 }
 
 impl ClusterEvent {
@@ -47,6 +51,8 @@ impl ClusterEvent {
             ClusterEvent::PodUpdated { .. } => "AssignedPodUpdate",
             ClusterEvent::PodDeleted(_) => "AssignedPodDelete",
             ClusterEvent::NamespaceChanged => "NamespaceUpdate",
+            ClusterEvent::ClaimChanged(_) => "PvcChange",
+            ClusterEvent::StorageChanged => "PvOrStorageClassChange",
         }
     }
 }
@@ -80,18 +86,21 @@ fn node_hint(plugin: Plugin, pod: &PodInfo, old: Option<&Node>, new: &Node) -> b
         Plugin::NodePorts => old.is_none(),
         Plugin::NodeResourcesFit => node_resources_fit::node_could_help(pod, old, new),
         Plugin::PodTopologySpread => pod_topology_spread::node_could_help(pod, old, new),
-        Plugin::InterPodAffinity => old.is_none_or(|o| o.metadata.labels != new.metadata.labels),
+        Plugin::InterPodAffinity | Plugin::VolumeBinding => {
+            old.is_none_or(|o| o.metadata.labels != new.metadata.labels)
+        }
         Plugin::NodeResourcesBalancedAllocation | Plugin::ImageLocality => false,
     }
 }
 
-const FILTERS: [Plugin; 8] = [
+const FILTERS: [Plugin; 9] = [
     Plugin::NodeUnschedulable,
     Plugin::NodeName,
     Plugin::TaintToleration,
     Plugin::NodeAffinity,
     Plugin::NodePorts,
     Plugin::NodeResourcesFit,
+    Plugin::VolumeBinding,
     Plugin::PodTopologySpread,
     Plugin::InterPodAffinity,
 ];
@@ -145,6 +154,13 @@ pub fn could_help(pod: &PodInfo, rejected_by: PluginSet, event: &ClusterEvent) -
                     && inter_pod_affinity::deleted_pod_could_help(pod, p))
         }
         ClusterEvent::NamespaceChanged => by(Plugin::InterPodAffinity),
+        ClusterEvent::ClaimChanged(key) => {
+            by(Plugin::VolumeBinding)
+                && volume_binding::claims_of(&pod.pod)
+                    .iter()
+                    .any(|k| k.as_str() == &**key)
+        }
+        ClusterEvent::StorageChanged => by(Plugin::VolumeBinding),
     }
 }
 

@@ -477,6 +477,87 @@ impl SchedulingQueue {
         self.ready.notify_one();
     }
 
+    /// The pod's node is chosen but its volumes are not bound yet (VolumeBinding's
+    /// PreBind handed them to a provisioner): park it without a failure or back-off until
+    /// an event about its claims, or at once if one came while it was in flight.
+    pub fn wait_for_volumes(&self, uid: &PodUid) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let Some(e) = st
+            .entries
+            .get_mut(uid)
+            .filter(|e| e.place == Place::InFlight)
+        else {
+            return;
+        };
+        let rejected_by = PluginSet::of(&[super::framework::Plugin::VolumeBinding]);
+        e.last_failure = None;
+        e.attempts = 0;
+        e.rejected_by = rejected_by;
+        let popped_at = e.popped_at;
+        let info = e.info.clone();
+        let missed = st
+            .events
+            .iter()
+            .filter(|(seq, _)| *seq > popped_at)
+            .any(|(_, ev)| could_help(&info, rejected_by, ev));
+        let to = if missed {
+            Place::Active
+        } else {
+            Place::Unschedulable
+        };
+        st.place(uid, to, now, &self.config);
+        self.ready.notify_one();
+    }
+
+    /// An event about some pods only (`uids`, e.g. the pods using one claim): those of
+    /// them parked that it could help move on (O(uids), not O(parked)); pods in flight see
+    /// it if they fail.
+    pub fn on_event_for(&self, uids: &[PodUid], event: ClusterEvent) -> usize {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.event_seq += 1;
+        let seq = st.event_seq;
+        let event = Arc::new(event);
+        if !st.in_flight.is_empty() {
+            st.events.push_back((seq, event.clone()));
+        }
+        let helped: Vec<PodUid> = uids
+            .iter()
+            .filter(|u| {
+                st.entries.get(*u).is_some_and(|e| {
+                    e.place == Place::Unschedulable && could_help(&e.info, e.rejected_by, &event)
+                })
+            })
+            .cloned()
+            .collect();
+        for uid in &helped {
+            st.reactivate(uid, now, &self.config);
+        }
+        if !helped.is_empty() {
+            self.ready.notify_one();
+        }
+        helped.len()
+    }
+
+    /// A parked pod failed after all (its volume could not be provisioned): retry it after
+    /// its back-off. Returns the pod, None if it is not parked.
+    pub fn fail_parked(&self, uid: &PodUid) -> Option<Arc<PodInfo>> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let e = st
+            .entries
+            .get_mut(uid)
+            .filter(|e| matches!(e.place, Place::Unschedulable | Place::Active))?;
+        e.last_failure = Some(now);
+        e.attempts = e.attempts.max(1);
+        e.rejected_by = PluginSet::default();
+        let info = e.info.clone();
+        st.place(uid, Place::Backoff, now, &self.config);
+        self.ready.notify_one();
+        Some(info)
+    }
+
     /// The pod was bound: it leaves the queue.
     pub fn done(&self, uid: &PodUid) {
         let mut st = self.lock();

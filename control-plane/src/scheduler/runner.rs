@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube::Client;
@@ -17,6 +18,7 @@ use super::algorithm::Algorithm;
 use super::binder::Binder;
 use super::config::Config;
 use super::cycle::Scheduler;
+use super::plugins::volume_binding;
 use super::queue::SchedulingQueue;
 use crate::runtime::leader::default_identity;
 use crate::runtime::ops::{self, Ops};
@@ -40,8 +42,9 @@ pub enum SchedulerError {
 /// Pods that have not finished: pending ones for the queue, bound ones for the cache.
 const POD_FIELDS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 
-/// Runs the scheduler until `shutdown` is cancelled: watches pods, nodes, namespaces and
-/// PodDisruptionBudgets (for preemption) through `client`, and binds every pending pod whose schedulerName is
+/// Runs the scheduler until `shutdown` is cancelled: watches pods, nodes, namespaces,
+/// PodDisruptionBudgets (for preemption), and claims, volumes and classes (VolumeBinding)
+/// through `client`, and binds every pending pod whose schedulerName is
 /// `config.scheduler_name`. With leader election configured it schedules only while it holds
 /// the lease (the caches stay warm meanwhile). Returns once everything it started has
 /// stopped.
@@ -74,7 +77,25 @@ pub async fn run(
         Informer::new(Api::all(client.clone()), watcher::Config::default());
     let budgets: Informer<PodDisruptionBudget> =
         Informer::new(Api::all(client.clone()), watcher::Config::default());
+    let claims: Informer<PersistentVolumeClaim> =
+        Informer::new(Api::all(client.clone()), watcher::Config::default());
+    let volumes: Informer<PersistentVolume> =
+        Informer::new(Api::all(client.clone()), watcher::Config::default());
+    let classes: Informer<StorageClass> =
+        Informer::new(Api::all(client.clone()), watcher::Config::default());
+    crate::controllers::persistentvolume::index_volumes(&volumes);
+    sched.cache().set_volume_listers(volume_binding::Listers {
+        claims: claims.clone(),
+        volumes: volumes.clone(),
+        classes: classes.clone(),
+    });
     {
+        let s = sched.clone();
+        claims.on_change(move |c| s.on_claim(c));
+        let s = sched.clone();
+        volumes.on_change(move |c| s.on_volume(c));
+        let s = sched.clone();
+        classes.on_change(move |c| s.on_class(c));
         let s = sched.clone();
         pods.on_change(move |c| s.on_pod(c));
         let s = sched.clone();
@@ -89,6 +110,9 @@ pub async fn run(
         tokio::spawn(nodes.clone().run(token.clone())),
         tokio::spawn(pods.clone().run(token.clone())),
         tokio::spawn(budgets.clone().run(token.clone())),
+        tokio::spawn(claims.clone().run(token.clone())),
+        tokio::spawn(volumes.clone().run(token.clone())),
+        tokio::spawn(classes.clone().run(token.clone())),
         tokio::spawn(housekeeping(
             sched.clone(),
             config.assumed_ttl,
@@ -115,8 +139,16 @@ pub async fn run(
                 namespaces.clone(),
                 budgets.clone(),
             );
+            let (c, v, sc) = (claims.clone(), volumes.clone(), classes.clone());
             move || {
-                if p.has_synced() && n.has_synced() && ns.has_synced() && b.has_synced() {
+                if p.has_synced()
+                    && n.has_synced()
+                    && ns.has_synced()
+                    && b.has_synced()
+                    && c.has_synced()
+                    && v.has_synced()
+                    && sc.has_synced()
+                {
                     Ok(())
                 } else {
                     Err("informers not synced".to_string())
@@ -146,6 +178,9 @@ pub async fn run(
         nodes.wait_synced().await;
         namespaces.wait_synced().await;
         budgets.wait_synced().await;
+        claims.wait_synced().await;
+        volumes.wait_synced().await;
+        classes.wait_synced().await;
     };
     let started = Instant::now();
     let ready = tokio::select! {

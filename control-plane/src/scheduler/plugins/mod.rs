@@ -1,7 +1,8 @@
 //! The default profile's plugins, one room each, in kube-scheduler's semantics: filters say
 //! whether a node can take a pod (and why not, in Kubernetes' words), scores rank the nodes
 //! that can (0-100 after normalising), and queueing hints say whether a cluster event could
-//! make a pod that a plugin rejected schedulable.
+//! make a pod that a plugin rejected schedulable. [`volume_binding`] also runs before the
+//! binding (PreBind): it selects the node for claims provisioned on first use.
 
 pub mod balanced_allocation;
 pub mod image_locality;
@@ -13,6 +14,7 @@ pub mod node_resources_fit;
 pub mod node_unschedulable;
 pub mod pod_topology_spread;
 pub mod taint_toleration;
+pub mod volume_binding;
 
 /// The highest score a node gets from one plugin.
 pub const MAX_NODE_SCORE: i64 = 100;
