@@ -229,6 +229,65 @@ async fn pods_wait_for_their_volumes_and_follow_them() {
     selected_node(&claims, "flaky").await;
     assert_eq!(node_of(&pods.get("unlucky").await.unwrap()), None);
 
+    // A claim being deleted (another finalizer holds it).
+    let mut held = claim("held", "late");
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    claims.create(&pp, &held).await.unwrap();
+    claims.delete("held", &Default::default()).await.unwrap();
+    pods.create(&pp, &pod("late-comer", &["held"]))
+        .await
+        .unwrap();
+    event_with(
+        &c.client,
+        "late-comer",
+        "FailedScheduling",
+        "persistentvolumeclaim \"held\" is being deleted",
+    )
+    .await;
+
+    // Local volumes (no provisioner, WaitForFirstConsumer): only the node with a free
+    // volume of the class passes; the binder binds it once the node is selected.
+    let mut local = class("local", "WaitForFirstConsumer");
+    local.provisioner = "kubernetes.io/no-provisioner".into();
+    Api::<StorageClass>::all(c.client.clone())
+        .create(&pp, &local)
+        .await
+        .unwrap();
+    let disk: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "disk-a"},
+        "spec": {"capacity": {"storage": "5Gi"}, "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local", "local": {"path": "/mnt/disk-a"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}]}]}}}
+    }))
+    .unwrap();
+    volumes.create(&pp, &disk).await.unwrap();
+    claims
+        .create(&pp, &claim("scratch", "local"))
+        .await
+        .unwrap();
+    pods.create(&pp, &pod("local-user", &["scratch"]))
+        .await
+        .unwrap();
+    assert_eq!(bound_to(&pods, "local-user").await, "node-a");
+    let s = claims.get("scratch").await.unwrap();
+    assert_eq!(s.spec.unwrap().volume_name.as_deref(), Some("disk-a"));
+    // A second local claim finds no free volume on any node.
+    claims
+        .create(&pp, &claim("scratch-2", "local"))
+        .await
+        .unwrap();
+    pods.create(&pp, &pod("local-user-2", &["scratch-2"]))
+        .await
+        .unwrap();
+    event_with(
+        &c.client,
+        "local-user-2",
+        "FailedScheduling",
+        "2 node(s) didn't find available persistent volumes to bind",
+    )
+    .await;
+
     // A bound volume pinned to node-b: every pod of its claim goes to node-b.
     let pinned: PersistentVolume = serde_json::from_value(json!({
         "metadata": {"name": "pinned"},

@@ -473,6 +473,13 @@ impl Binder {
             }
             return Ok(Action::AwaitChange);
         }
+        if let Some(uid) = claim.metadata.uid.as_deref() {
+            // Past waiting (a node is selected): a later wait is told again.
+            self.told_to_wait
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(uid);
+        }
         // A free volume of the class; for a delayed class, one the selected node reaches.
         let node = selected.and_then(|n| self.nodes.get(&ObjectKey::cluster(n)));
         let candidates = free_volumes_of_class(&self.volumes, &class_name);
