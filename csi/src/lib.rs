@@ -1,6 +1,9 @@
 //! skiff's CSI driver, `local.csi.skiff.io`, and the protocol code the node agent shares with it.
 //!
 //! - `proto`: the generated CSI v1 (`csi.v1`) and kubelet plugin-registration clients and servers.
+//! - `plugin`: the node plugin's servers (Identity, Controller and Node services on the CSI
+//!   socket, Registration on the registration socket) and `unix_channel` to dial such sockets.
+//! - `volumes`, `sys`: the volumes (sparse files, loop devices, ext4) and capacity.
 //! - `provisioner`: the distributed provisioner task that runs in each node plugin.
 //! - `placement`: the controller that places claims of Immediate classes on a node.
 
@@ -17,5 +20,19 @@ pub mod proto {
     }
 }
 
+pub mod controller;
+pub mod driver;
+pub mod identity;
+pub mod metrics;
+pub mod node;
 pub mod placement;
+pub mod plugin;
 pub mod provisioner;
+pub mod registration;
+pub mod sys;
+pub mod volumes;
+
+/// The driver's name (CSIDriver, StorageClass provisioner, PV spec.csi.driver).
+pub const DRIVER_NAME: &str = "local.csi.skiff.io";
+/// The topology key whose value is the node name.
+pub const TOPOLOGY_KEY: &str = "topology.local.csi.skiff.io/node";
