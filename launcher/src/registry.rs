@@ -16,6 +16,7 @@ pub const BUSYBOX_IMAGE: &str = "127.0.0.1:5000/library/busybox:latest";
 
 /// The service proxy (deploy/proxy.yaml's DaemonSet): see proxy/ and xtask/src/images.rs.
 pub const PROXY_IMAGE: &str = "127.0.0.1:5000/skiff/proxy:latest";
+pub const CSI_IMAGE: &str = "127.0.0.1:5000/skiff/csi:latest";
 
 /// Panics with what to run if the registry or the echo or pause image is missing.
 pub fn require_images() {

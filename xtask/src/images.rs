@@ -9,6 +9,11 @@
 //! HTTP API to Debian's docker-registry on 127.0.0.1:5000, which this command starts when it
 //! is not running. Everything is deterministic (mtime 0), so a second run uploads nothing.
 //!
+//! `skiff/csi` is the CSI driver (deploy/csi.yaml): its static binary plus the host's
+//! e2fsprogs programs it runs (mkfs.ext4, resize2fs) with the shared libraries `ldd` lists
+//! and the dynamic loader, each at its host path, so they run in the container as on the host
+//! (`e2fsprogs` is installed here when missing).
+//!
 //! `skiff/proxy` is the service proxy (deploy/proxy.yaml runs it as a DaemonSet); it embeds
 //! the eBPF object, so the kernel programs are built first (`cargo xtask build-ebpf`, a no-op
 //! when they are current): an image with a stale object would fail on its pinned maps.
@@ -41,6 +46,9 @@ struct Image {
 enum Content {
     /// One of skiff's static binaries (built here for musl), at /<name>, the entrypoint.
     Binary(&'static str),
+    /// A static binary as `Binary`, plus host programs (found on PATH, /sbin, /usr/sbin) at
+    /// their host paths with the shared libraries and loader `ldd` names for them.
+    BinaryWithTools(&'static str, &'static [&'static str]),
     /// Debian's busybox-static at /bin/busybox and a link per applet where `busybox
     /// --list-full` puts it; no entrypoint, `sh` by default, as the familiar image.
     Busybox,
@@ -50,7 +58,7 @@ impl Image {
     /// Its directory under `.skiff/images/`.
     fn name(&self) -> &'static str {
         match self.content {
-            Content::Binary(name) => name,
+            Content::Binary(name) | Content::BinaryWithTools(name, _) => name,
             Content::Busybox => "busybox",
         }
     }
@@ -82,12 +90,20 @@ const IMAGES: &[Image] = &[
         repository: "skiff/proxy",
         content: Content::Binary("proxy"),
     },
+    Image {
+        repository: "skiff/csi",
+        content: Content::BinaryWithTools("skiff-csi", E2FSPROGS),
+    },
 ];
+
+/// The e2fsprogs programs the CSI driver runs (formatting and growing volumes).
+const E2FSPROGS: &[&str] = &["mkfs.ext4", "resize2fs"];
 
 /// Builds every image, starts the registry if needed and pushes; fast when nothing changed.
 pub fn all() -> Result<()> {
     let started = Instant::now();
     musl_target()?;
+    e2fsprogs()?;
     eprintln!(
         "images: skiff/proxy embeds the eBPF object; building it first (cargo xtask build-ebpf)"
     );
@@ -97,7 +113,7 @@ pub fn all() -> Result<()> {
     // From scratch this is the long step (every dependency for musl, minutes on a loaded
     // machine): cargo's own progress lines are shown, not hidden behind -q.
     eprintln!(
-        "images: building echo, pause, skiff-dns and proxy for {MUSL} (profile image; \
+        "images: building echo, pause, skiff-dns, proxy and skiff-csi for {MUSL} (profile image; \
          cargo's progress follows, a no-op when current)"
     );
     let build_started = Instant::now();
@@ -116,6 +132,8 @@ pub fn all() -> Result<()> {
                 "dns",
                 "-p",
                 "proxy",
+                "-p",
+                "skiff-csi",
                 "--bins",
                 "--profile",
                 "image",
@@ -198,6 +216,45 @@ struct Built {
 
 fn build(image: &Image, bin_dir: &Path) -> Result<Built> {
     let (tar, config) = match image.content {
+        Content::BinaryWithTools(name, tools) => {
+            let path = bin_dir.join(name);
+            let program =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            let files = host_programs(tools)?;
+            let tar = layer_tar(|entry| {
+                entry(name, 0o755, &program, tar::EntryType::Regular)?;
+                let mut dirs = std::collections::BTreeSet::new();
+                for (path, mode, data) in &files {
+                    let rel = path.trim_start_matches('/');
+                    // parents first (a runtime need not create them)
+                    let mut parent = String::new();
+                    for part in rel
+                        .split('/')
+                        .collect::<Vec<_>>()
+                        .split_last()
+                        .map_or(&[][..], |(_, p)| p)
+                    {
+                        if !parent.is_empty() {
+                            parent.push('/');
+                        }
+                        parent.push_str(part);
+                        if !["dev", "proc", "sys", "etc", "tmp"].contains(&parent.as_str())
+                            && dirs.insert(parent.clone())
+                        {
+                            entry(&parent, 0o755, &[], tar::EntryType::Directory)?;
+                        }
+                    }
+                    entry(rel, *mode, data, tar::EntryType::Regular)?;
+                }
+                Ok(())
+            })?;
+            let config = json!({
+                "Entrypoint": [format!("/{name}")],
+                "Env": ["PATH=/:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "WorkingDir": "/",
+            });
+            (tar, config)
+        }
         Content::Binary(name) => {
             let path = bin_dir.join(name);
             let program =
@@ -245,6 +302,84 @@ fn build(image: &Image, bin_dir: &Path) -> Result<Built> {
     };
     write_layout(image, &built)?;
     Ok(built)
+}
+
+/// `cargo xtask setup`'s way for one package: Debian's e2fsprogs, when mkfs.ext4 is missing.
+fn e2fsprogs() -> Result<()> {
+    if find_program("mkfs.ext4").is_some() && find_program("resize2fs").is_some() {
+        return Ok(());
+    }
+    eprintln!("images: installing e2fsprogs (mkfs.ext4 and resize2fs for skiff/csi)");
+    let install = || {
+        let mut c = Command::new("apt-get");
+        c.args(["install", "-y", "--no-install-recommends", "e2fsprogs"])
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        c
+    };
+    if setup::run(&mut install()).is_err() {
+        // stale package lists on a fresh machine: refresh once and retry
+        setup::run(Command::new("apt-get").arg("update"))?;
+        setup::run(&mut install())?;
+    }
+    Ok(())
+}
+
+/// A host program on PATH, else in /sbin or /usr/sbin.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/sbin"), PathBuf::from("/usr/sbin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The files that make `tools` run in an image: each program and each shared object `ldd`
+/// lists for it (the loader included), at the path the host uses (symbolic links followed:
+/// the content is stored at the path named), with its mode. Sorted, deduplicated.
+fn host_programs(tools: &[&str]) -> Result<Vec<(String, u32, Vec<u8>)>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut paths = std::collections::BTreeSet::new();
+    // mke2fs's defaults, as on the host
+    if Path::new("/etc/mke2fs.conf").is_file() {
+        paths.insert(PathBuf::from("/etc/mke2fs.conf"));
+    }
+    for tool in tools {
+        let program = find_program(tool).with_context(|| {
+            format!("{tool} not found on PATH, /sbin or /usr/sbin (Debian package e2fsprogs)")
+        })?;
+        let out = Command::new("ldd")
+            .arg(&program)
+            .output()
+            .with_context(|| format!("ldd {}", program.display()))?;
+        if !out.status.success() {
+            bail!(
+                "ldd {}: {}",
+                program.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // `libx.so.1 => /lib/.../libx.so.1 (0x...)`, `/lib64/ld-linux-x86-64.so.2 (0x...)`,
+        // `linux-vdso.so.1 (0x...)` (in the kernel: no file)
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let line = line.trim();
+            let file = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            if let Some(f) = file.filter(|f| f.starts_with('/')) {
+                paths.insert(PathBuf::from(f));
+            }
+        }
+        paths.insert(program);
+    }
+    paths
+        .into_iter()
+        .map(|p| {
+            let data = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+            let mode = std::fs::metadata(&p)?.permissions().mode() & 0o777;
+            Ok((p.display().to_string(), mode, data))
+        })
+        .collect()
 }
 
 /// One entry of a layer: path, mode, contents, type.
