@@ -44,6 +44,23 @@ fn call(op: &'static str) -> impl FnOnce(tonic::Status) -> CriError {
     move |status| CriError::Call { op, status }
 }
 
+/// A lazy gRPC channel to a server on the unix socket `socket` (containerd's CRI, CSI
+/// drivers, plugin registration sockets): it dials on first use and again after the
+/// connection breaks, so a restarted server is picked up transparently.
+pub fn unix_channel(socket: &Path) -> Channel {
+    let path = socket.to_path_buf();
+    // The URI is required by tonic but unused: the connector dials the unix socket.
+    Endpoint::from_static("http://[::1]:1")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector_lazy(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+}
+
 /// A cheap-to-clone CRI client (runtime and image services on one channel).
 #[derive(Clone)]
 pub struct Cri {
@@ -54,17 +71,7 @@ pub struct Cri {
 impl Cri {
     /// A client for the runtime listening on `socket`; connects on first use.
     pub fn new(socket: &Path) -> Cri {
-        let path = socket.to_path_buf();
-        // The URI is required by tonic but unused: the connector dials the unix socket.
-        let channel = Endpoint::from_static("http://[::1]:1")
-            .connect_timeout(Duration::from_secs(5))
-            .connect_with_connector_lazy(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                }
-            }));
+        let channel = unix_channel(socket);
         Cri {
             runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20),
             images: ImageServiceClient::new(channel).max_decoding_message_size(64 << 20),

@@ -24,11 +24,99 @@ pub struct Metrics {
     pub runtime_gc_removed: Counter,
     /// Requests to the node agent's API by outcome (allowed, unauthorized, forbidden, error).
     api_requests: Family<Vec<(String, String)>, Counter>,
+    /// The kubelet's `kubelet_volume_stats_*` of the CSI volumes published on the node.
+    pub volume_stats: VolumeStats,
+}
+
+type ClaimLabels = Vec<(String, String)>;
+
+/// The kubelet's volume metrics (NodeGetVolumeStats of each published claim), by
+/// `namespace` and `persistentvolumeclaim`, under the kubelet's own names.
+#[derive(Default)]
+pub struct VolumeStats {
+    capacity_bytes: Family<ClaimLabels, Gauge>,
+    available_bytes: Family<ClaimLabels, Gauge>,
+    used_bytes: Family<ClaimLabels, Gauge>,
+    inodes: Family<ClaimLabels, Gauge>,
+    inodes_free: Family<ClaimLabels, Gauge>,
+    inodes_used: Family<ClaimLabels, Gauge>,
+}
+
+fn claim_labels(namespace: &str, claim: &str) -> ClaimLabels {
+    vec![
+        ("namespace".to_string(), namespace.to_string()),
+        ("persistentvolumeclaim".to_string(), claim.to_string()),
+    ]
+}
+
+impl VolumeStats {
+    fn families(&self) -> [(&'static str, &'static str, &Family<ClaimLabels, Gauge>); 6] {
+        [
+            (
+                "kubelet_volume_stats_capacity_bytes",
+                "Capacity in bytes of the volume",
+                &self.capacity_bytes,
+            ),
+            (
+                "kubelet_volume_stats_available_bytes",
+                "Number of available bytes in the volume",
+                &self.available_bytes,
+            ),
+            (
+                "kubelet_volume_stats_used_bytes",
+                "Number of used bytes in the volume",
+                &self.used_bytes,
+            ),
+            (
+                "kubelet_volume_stats_inodes",
+                "Maximum number of inodes in the volume",
+                &self.inodes,
+            ),
+            (
+                "kubelet_volume_stats_inodes_free",
+                "Number of free inodes in the volume",
+                &self.inodes_free,
+            ),
+            (
+                "kubelet_volume_stats_inodes_used",
+                "Number of used inodes in the volume",
+                &self.inodes_used,
+            ),
+        ]
+    }
+
+    /// The claim's latest usage (units the driver did not report are left out).
+    pub fn set(&self, namespace: &str, claim: &str, u: &crate::csi::volumes::VolumeUsage) {
+        let labels = claim_labels(namespace, claim);
+        let values = [
+            u.capacity_bytes,
+            u.available_bytes,
+            u.used_bytes,
+            u.inodes,
+            u.inodes_free,
+            u.inodes_used,
+        ];
+        for ((_, _, family), value) in self.families().into_iter().zip(values) {
+            if let Some(v) = value {
+                family.get_or_create(&labels).set(v);
+            }
+        }
+    }
+
+    /// The claim's volume is no longer published on the node.
+    pub fn remove(&self, namespace: &str, claim: &str) {
+        let labels = claim_labels(namespace, claim);
+        for (_, _, family) in self.families() {
+            family.remove(&labels);
+        }
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("skiff_node");
+        // The agent's own metrics are `skiff_node_*`; the kubelet's keep the kubelet's names.
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("skiff_node");
         let m = Metrics {
             registry: Mutex::new(Registry::default()),
             pods: Gauge::default(),
@@ -40,6 +128,7 @@ impl Default for Metrics {
             pod_start_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
             runtime_gc_removed: Counter::default(),
             api_requests: Family::default(),
+            volume_stats: VolumeStats::default(),
         };
         registry.register("pods", "Pods with a worker on this node", m.pods.clone());
         registry.register(
@@ -74,7 +163,10 @@ impl Default for Metrics {
             "Requests to the node agent's API by authentication and authorization outcome",
             m.api_requests.clone(),
         );
-        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        for (name, help, family) in m.volume_stats.families() {
+            root.register(name, help, family.clone());
+        }
+        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = root;
         m
     }
 }

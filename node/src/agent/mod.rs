@@ -63,6 +63,9 @@ pub struct AgentConfig {
     /// How often CPU and memory are read from cgroups for /stats/summary and
     /// /metrics/resource (the kubelet's housekeeping: 10 s).
     pub stats_interval: Duration,
+    /// How often NodeGetVolumeStats is asked for every published CSI volume (the kubelet's
+    /// volume stats period: 1 min).
+    pub volume_stats_interval: Duration,
 }
 
 impl AgentConfig {
@@ -88,6 +91,7 @@ impl AgentConfig {
             eviction_hard: pressure::Thresholds::default(),
             pressure_interval: Duration::from_secs(10),
             stats_interval: Duration::from_secs(10),
+            volume_stats_interval: Duration::from_secs(60),
             dns: crate::pod::dns::DnsSettings {
                 cluster_domain: "cluster.local".into(),
                 ..Default::default()
@@ -106,6 +110,8 @@ pub enum AgentError {
     Register(#[source] kube::Error),
     #[error("the API's TLS configuration: {0}")]
     Tls(#[from] control_plane::pki::PkiError),
+    #[error("making the root dir a shared mount: {0}")]
+    RootDir(#[source] std::io::Error),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -150,6 +156,8 @@ impl RunningAgent {
     /// Starts the runtime (unless given one), registers the node and starts every loop.
     pub async fn start(config: AgentConfig, client: Client) -> Result<RunningAgent, AgentError> {
         let layout = Layout::new(&config.data_dir);
+        // Mounts drivers make under the root dir reach the pods (kubelet: rshared root dir).
+        crate::csi::make_root_shared(layout.root()).map_err(AgentError::RootDir)?;
         let (containerd, cri) = match &config.cri_socket {
             Some(socket) => (None, Cri::new(socket)),
             None => {
@@ -200,6 +208,16 @@ impl RunningAgent {
             starts.clone(),
         );
         let services = services::ServiceCache::default();
+        let shutdown = CancellationToken::new();
+        let drivers = crate::csi::Drivers::default();
+        let csi = Arc::new(crate::csi::CsiVolumes::new(
+            layout.clone(),
+            drivers.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+        // Before any pod worker: what is published stays published (restart takeover).
+        csi.rebuild();
         let ctx = Arc::new(NodeContext {
             node: config.name.clone(),
             layout: layout.clone(),
@@ -212,6 +230,7 @@ impl RunningAgent {
             reporter: Arc::new(reporter),
             timing: config.timing.clone(),
             dns: config.dns.clone(),
+            csi: Some(csi.clone()),
         });
         let index: pods::PodIndex = Default::default();
         let pods = Arc::new(tokio::sync::Mutex::new(pods::Pods::new(
@@ -224,7 +243,6 @@ impl RunningAgent {
             config.name.clone(),
             Some(ip),
         )));
-        let shutdown = CancellationToken::new();
         let (facts_tx, facts_rx) = watch::channel(facts);
 
         let gate =
@@ -258,6 +276,14 @@ impl RunningAgent {
             config.stats_interval,
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(crate::csi::plugins::run(
+            client.clone(),
+            config.name.clone(),
+            layout.clone(),
+            drivers,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(csi.stats_loop(config.volume_stats_interval)));
         tasks.push(tokio::spawn(lease_loop(
             client.clone(),
             node.clone(),
@@ -366,6 +392,8 @@ pub fn remove_node_traces(name: &NodeName, layout: &Layout) {
     cni::remove_bridge(name);
     crate::cgroups::remove_tree(&name.cgroup_root());
     crate::pod::volumes::remove_pod_dir(&layout.root().join("pods"));
+    // Staged CSI volumes, then the root dir's own bind mount (made shared at start).
+    crate::csi::unmount_root(layout.root());
 }
 
 /// Removes everything an agent of `name` left under `layout` and on the machine: every

@@ -104,6 +104,15 @@ impl Pods {
         for pod in stale {
             self.delete(&pod);
         }
+        // Before the runtime's garbage: volumes of pods deleted while the agent was down are
+        // unmounted through their drivers.
+        if let Some(csi) = &self.ctx.csi {
+            let live: HashSet<String> = seen
+                .union(&self.workers.keys().cloned().collect())
+                .cloned()
+                .collect();
+            csi.orphans(&live);
+        }
         self.collect_garbage(&self.ctx.cri.clone()).await;
     }
 

@@ -12,7 +12,8 @@ use crate::pod::{now, Objects, PodRef, Reporter};
 use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Event, EventSource, ObjectReference, Pod, PodStatus, Secret, Service, ServiceAccount,
+    ConfigMap, Event, EventSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+    PodStatus, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -293,6 +294,25 @@ impl Objects for ApiObjects {
     }
     fn service(&self, ns: &str, name: &str) -> Result<Option<Service>, String> {
         self.services.get(ns, name)
+    }
+    fn persistent_volume_claim<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PersistentVolumeClaim>, String>> {
+        Box::pin(async move {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+            api.get_opt(name).await.map_err(|e| e.to_string())
+        })
+    }
+    fn persistent_volume<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PersistentVolume>, String>> {
+        Box::pin(async move {
+            let api: Api<PersistentVolume> = Api::all(self.client.clone());
+            api.get_opt(name).await.map_err(|e| e.to_string())
+        })
     }
     fn services(&self, ns: &str) -> Result<Vec<Service>, String> {
         self.services.in_namespace(ns)

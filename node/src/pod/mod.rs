@@ -29,7 +29,9 @@ use backoff::BackOffPolicy;
 use events::PodEvent;
 use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus, Secret, Service,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use std::fmt;
@@ -91,6 +93,21 @@ pub trait Objects: Send + Sync {
     fn service(&self, namespace: &str, name: &str) -> Result<Option<Service>, String>;
     /// Every Service of a namespace, from a cache (Err until it has been filled once).
     fn services(&self, namespace: &str) -> Result<Vec<Service>, String>;
+    /// A PersistentVolumeClaim (the node reads those of its pods).
+    fn persistent_volume_claim<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PersistentVolumeClaim>, String>> {
+        Box::pin(async { Err("persistent volume claims are not available here".to_string()) })
+    }
+    /// A PersistentVolume (bound to a claim of one of the node's pods).
+    fn persistent_volume<'a>(
+        &'a self,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PersistentVolume>, String>> {
+        Box::pin(async { Err("persistent volumes are not available here".to_string()) })
+    }
 }
 
 /// Where the worker's observations go (the API writer, or a test's collector).
@@ -133,6 +150,8 @@ pub struct NodeContext {
     pub timing: Timing,
     /// The pods' resolv.conf inputs (cluster DNS, domain, the host's).
     pub dns: dns::DnsSettings,
+    /// The node's CSI volumes (None: claim volumes are refused).
+    pub csi: Option<Arc<crate::csi::CsiVolumes>>,
 }
 
 /// The current time as an API timestamp.

@@ -1,11 +1,14 @@
 //! Pod volumes on the node: emptyDir, configMap, secret, downwardAPI and projected
 //! (serviceAccountToken, configMap, secret, downwardAPI sources: files the agent writes under
-//! the pod's directory, atomically, mounted read-only) and hostPath, and the CRI mounts of
-//! each container. A projected token is renewed by the pod's worker at [`Volumes::refresh_due`].
+//! the pod's directory, atomically, mounted read-only), hostPath, and persistentVolumeClaim
+//! (a CSI volume published into the pod's directory by its driver, see `crate::csi`), and the
+//! CRI mounts of each container. A projected token is renewed by the pod's worker at [`Volumes::refresh_due`].
 
 use super::atomic_dir::{self, PayloadFile};
 use super::env::{config_map_data, field, secret_data, PodFacts};
 use super::{token, Objects};
+use crate::csi::volumes::ClaimVolume;
+use crate::csi::CsiVolumes;
 use crate::layout::Layout;
 use control_plane::machinery::quantity::Quantity;
 use k8s_cri::v1 as cri;
@@ -53,11 +56,13 @@ fn err(volume: &str, message: impl Into<String>) -> VolumeError {
     }
 }
 
-/// Creates or refreshes every volume of the pod under `layout.pod_dir(uid)/volumes`.
+/// Creates or refreshes every volume of the pod under `layout.pod_dir(uid)/volumes`; a
+/// PersistentVolumeClaim's volume is staged and published by its CSI driver (`csi`).
 pub async fn prepare(
     facts: &PodFacts<'_>,
     layout: &Layout,
     objects: &dyn Objects,
+    csi: Option<&CsiVolumes>,
 ) -> Result<Volumes, VolumeError> {
     let pod = facts.pod;
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -113,9 +118,23 @@ pub async fn prepare(
             let p = root.join("projected").join(&v.name);
             atomic_dir::write(&p, &files).map_err(io)?;
             p
+        } else if let Some(src) = &v.persistent_volume_claim {
+            if !src.read_only.unwrap_or(false) {
+                access = Access::ReadWrite;
+            }
+            claim_volume(uid, ns, &src.claim_name, src.read_only, objects, csi)
+                .await
+                .map_err(|e| err(&v.name, e))?
+        } else if v.csi.is_some() {
+            return Err(err(
+                &v.name,
+                "inline CSI ephemeral volumes are not supported on this node: use a \
+                 persistentVolumeClaim",
+            ));
         } else if let Some(src) = &v.host_path {
             access = Access::ReadWrite;
-            let p = PathBuf::from(&src.path);
+            // `/var/lib/kubelet[/...]` is this agent's root dir (several share a machine).
+            let p = layout.host_path(Path::new(&src.path));
             match src.type_.as_deref() {
                 Some("DirectoryOrCreate") => std::fs::create_dir_all(&p).map_err(io)?,
                 Some("FileOrCreate") if !p.exists() => {
@@ -149,6 +168,46 @@ pub async fn prepare(
             .insert(v.name.clone(), HostVolume { path, access });
     }
     Ok(out)
+}
+
+/// A claim's volume: the claim must be Bound, its PV a CSI volume of a driver registered
+/// here; staged and published into the pod, the published directory is what containers mount.
+async fn claim_volume(
+    pod_uid: &str,
+    ns: &str,
+    claim_name: &str,
+    read_only: Option<bool>,
+    objects: &dyn Objects,
+    csi: Option<&CsiVolumes>,
+) -> Result<PathBuf, String> {
+    let claim = objects
+        .persistent_volume_claim(ns, claim_name)
+        .await?
+        .ok_or_else(|| format!("persistentvolumeclaim \"{claim_name}\" not found"))?;
+    let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+    let pv_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .filter(|n| !n.is_empty());
+    let Some(pv_name) = pv_name.filter(|_| bound) else {
+        return Err(format!(
+            "persistentvolumeclaim \"{claim_name}\" is not bound"
+        ));
+    };
+    let pv = objects
+        .persistent_volume(&pv_name)
+        .await?
+        .ok_or_else(|| format!("persistentvolume \"{pv_name}\" not found"))?;
+    let csi = csi.ok_or("persistent volumes are not supported on this node")?;
+    csi.publish(ClaimVolume {
+        pod_uid,
+        namespace: ns,
+        claim: claim_name,
+        pv: &pv,
+        readonly: read_only.unwrap_or(false),
+    })
+    .await
 }
 
 /// Files' mode when the volume says none (the API's default, 0644).
@@ -291,6 +350,17 @@ impl Volumes {
                         .ok_or_else(|| err(&m.name, format!("invalid subPath {sub:?}")))?;
                     if !p.exists() {
                         std::fs::create_dir_all(&p).map_err(|e| err(&m.name, e.to_string()))?;
+                    }
+                    // A symlink inside the volume must not lead the mount out of it.
+                    let inside = match (p.canonicalize(), host.canonicalize()) {
+                        (Ok(real), Ok(base)) => real.starts_with(base),
+                        _ => false,
+                    };
+                    if !inside {
+                        return Err(err(
+                            &m.name,
+                            format!("subPath {sub:?} leads outside the volume"),
+                        ));
                     }
                     p
                 }

@@ -262,6 +262,7 @@ impl Worker {
             &self.facts(&ip),
             &self.ctx.layout,
             self.ctx.objects.as_ref(),
+            self.ctx.csi.as_deref(),
         )
         .await
         {
@@ -352,7 +353,14 @@ impl Worker {
 
     async fn mount_volumes(&mut self, mut backoff: BackOff) -> State {
         self.report_pending();
-        match volumes::prepare(&self.facts(""), &self.ctx.layout, self.ctx.objects.as_ref()).await {
+        match volumes::prepare(
+            &self.facts(""),
+            &self.ctx.layout,
+            self.ctx.objects.as_ref(),
+            self.ctx.csi.as_deref(),
+        )
+        .await
+        {
             Ok(volumes) => State::CreatingSandbox {
                 volumes,
                 backoff: BackOff::default(),
@@ -484,6 +492,7 @@ impl Worker {
             &self.facts(&rt.sandbox.ip),
             &self.ctx.layout,
             self.ctx.objects.as_ref(),
+            self.ctx.csi.as_deref(),
         )
         .await;
         match renewed {
@@ -557,6 +566,19 @@ impl Worker {
                 }
             }
             Err(e) => warn!(pod = %self.pod_ref, error = %e, "listing the pod's sandboxes failed"),
+        }
+        // The driver unmounts its volumes before the pod's directory goes; the pod stays
+        // until it has (the kubelet's order: containers, then volumes, then the object).
+        if let Some(csi) = self.ctx.csi.clone() {
+            let mut backoff = BackOff::default();
+            while let Err(e) = csi.tear_down_pod(&self.pod_ref.uid).await {
+                warn!(pod = %self.pod_ref, error = %e, "unmounting the pod's CSI volumes failed; retrying");
+                let delay = backoff.next_pull(&self.ctx.timing.image_backoff);
+                self.wait(delay).await;
+                if self.detached {
+                    return State::Terminating(None);
+                }
+            }
         }
         volumes::remove(&self.ctx.layout, &self.pod);
         let m = &self.pod.metadata;

@@ -230,6 +230,7 @@ impl TestNode {
             reporter: collector.clone(),
             timing: test_timing(),
             dns,
+            csi: None,
         });
         TestNode {
             rt,
