@@ -720,6 +720,40 @@ mod tests {
     }
 
     #[test]
+    fn pods_waiting_for_volumes_wake_on_their_claims_without_back_off() {
+        let q = SchedulingQueue::new(fast());
+        let p = pod(
+            json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+        );
+        q.add(p.clone());
+        q.pop(&never).unwrap();
+        q.wait_for_volumes(&p.uid);
+        assert_eq!(q.place_of(&p.uid), Some(Place::Unschedulable));
+        // Another claim's event, or one for pods other than this: nothing moves.
+        let other = ClusterEvent::ClaimChanged("ns/other".into());
+        assert_eq!(q.on_event_for(std::slice::from_ref(&p.uid), other), 0);
+        let own = || ClusterEvent::ClaimChanged("ns/data".into());
+        assert_eq!(q.on_event_for(&[], own()), 0);
+        assert_eq!(q.place_of(&p.uid), Some(Place::Unschedulable));
+        // Its own claim changed: straight to active (waiting is no failure).
+        assert_eq!(q.on_event_for(std::slice::from_ref(&p.uid), own()), 1);
+        assert_eq!(q.place_of(&p.uid), Some(Place::Active));
+        // Its claim changing while it is in flight is not missed.
+        q.pop(&never).unwrap();
+        q.on_event_for(std::slice::from_ref(&p.uid), own());
+        q.wait_for_volumes(&p.uid);
+        assert_eq!(q.place_of(&p.uid), Some(Place::Active));
+        // Provisioning failed: it backs off.
+        q.pop(&never).unwrap();
+        q.wait_for_volumes(&p.uid);
+        assert!(q.fail_parked(&p.uid).is_some());
+        assert_eq!(q.place_of(&p.uid), Some(Place::Backoff));
+        assert!(q.fail_parked(&p.uid).is_none(), "only a parked pod fails");
+    }
+
+    #[test]
     fn an_event_during_the_cycle_is_not_missed() {
         let q = SchedulingQueue::new(fast());
         let p = pod_requesting("big", "8", "");
