@@ -71,6 +71,9 @@ struct PluginArgs {
 
 #[derive(clap::Args, Debug)]
 struct ControllerArgs {
+    /// The driver whose claims it places (the StorageClasses' provisioner).
+    #[arg(long, default_value = DRIVER_NAME)]
+    driver: String,
     /// Address for /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:9809")]
     metrics_addr: SocketAddr,
@@ -164,7 +167,7 @@ async fn run_controller(a: ControllerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("metrics on {}", a.metrics_addr))?;
     tracing::info!(%addr, "metrics and health listening");
     let client = client(a.kubeconfig.as_ref()).await?;
-    let placing = tokio::spawn(placement::run(client, DRIVER_NAME.to_string()));
+    let placing = tokio::spawn(placement::run(client, a.driver));
     let result = tokio::select! {
         r = terminated() => r,
         r = placing => match r {
