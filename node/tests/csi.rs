@@ -939,3 +939,306 @@ async fn after_a_restart_published_volumes_are_taken_over_and_orphans_cleaned_up
     assert!(!mountinfo::is_mount_point(&path));
     node::pod::volumes::unmount_below(dir.path());
 }
+
+// ---------------------------------------------------------------- the real driver
+
+/// skiff's driver (the csi crate's node plugin servers), run as its DaemonSet runs it: a
+/// process of its own (this test binary again, running [`real_driver_process`]) in a mount
+/// namespace of its own where `/var/lib/kubelet` is the agent's root dir, bound with its
+/// propagation (the root dir is shared), so its loop mounts and bind mounts reach the agent
+/// and the pods as a Bidirectional hostPath mount makes them. Stopped (stdin closed) on drop.
+struct RealDriver {
+    child: Option<std::process::Child>,
+}
+
+impl RealDriver {
+    fn start(root: &Path, node: &str) -> RealDriver {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        let c = |p: &[u8]| CString::new(p).unwrap();
+        let root = c(root.as_os_str().as_bytes());
+        let (var_lib, kubelet, tmpfs) = (c(b"/var/lib"), c(b"/var/lib/kubelet"), c(b"tmpfs"));
+        // A tmpfs over /var/lib in the driver's namespace only gives it a kubelet dir without
+        // touching the machine's: the mount it lands on must not propagate it (made a slave,
+        // itself only: the agent's root dir is a mount of its own, whose propagation counts).
+        let table = mountinfo::read();
+        let slave = table
+            .iter()
+            .filter(|m| Path::new("/var/lib").starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.components().count())
+            .filter(|m| m.is_shared())
+            .map(|m| c(m.mount_point.as_os_str().as_bytes()));
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "real_driver_process", "--ignored", "--nocapture"])
+            .env("SKIFF_TEST_CSI_NODE", node)
+            .stdin(std::process::Stdio::piped());
+        // SAFETY: between fork and exec only raw system calls on strings made before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fail = || Err(std::io::Error::last_os_error());
+                let null = std::ptr::null::<libc::c_char>();
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return fail();
+                }
+                if let Some(p) = &slave {
+                    if libc::mount(null, p.as_ptr(), null, libc::MS_SLAVE, std::ptr::null()) != 0 {
+                        return fail();
+                    }
+                }
+                if libc::mount(
+                    tmpfs.as_ptr(),
+                    var_lib.as_ptr(),
+                    tmpfs.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return fail();
+                }
+                if libc::mkdir(kubelet.as_ptr(), 0o755) != 0 {
+                    return fail();
+                }
+                let flags = libc::MS_BIND | libc::MS_REC;
+                if libc::mount(
+                    root.as_ptr(),
+                    kubelet.as_ptr(),
+                    null,
+                    flags,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return fail();
+                }
+                Ok(())
+            });
+        }
+        RealDriver {
+            child: Some(cmd.spawn().expect("the driver process starts")),
+        }
+    }
+}
+
+impl Drop for RealDriver {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        drop(child.stdin.take());
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// The driver process [`RealDriver`] starts (not a test of its own): skiff's node plugin
+/// with the DaemonSet's paths, until its stdin closes.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "the driver process of skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod"]
+async fn real_driver_process() {
+    let node = std::env::var("SKIFF_TEST_CSI_NODE").expect("started by RealDriver");
+    let socket = format!("/var/lib/kubelet/plugins/{DRIVER}/csi.sock");
+    let cfg = skiff_csi::plugin::PluginConfig {
+        node,
+        endpoint: socket.clone().into(),
+        registration_socket: Some(
+            format!("/var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock").into(),
+        ),
+        kubelet_endpoint: socket,
+        data_dir: format!("/var/lib/kubelet/plugins/{DRIVER}/volumes").into(),
+        capacity: 1 << 30,
+    };
+    let metrics = Arc::new(skiff_csi::metrics::Metrics::new());
+    let plugin = skiff_csi::plugin::start(cfg, metrics).await.unwrap();
+    tokio::task::spawn_blocking(|| {
+        use std::io::Read;
+        let mut b = [0u8; 64];
+        while std::io::stdin().read(&mut b).is_ok_and(|n| n > 0) {}
+    })
+    .await
+    .unwrap();
+    plugin.shutdown().await;
+}
+
+async fn wait_registered(c: &Cluster) {
+    let csinodes: Api<CSINode> = Api::all(c.client.clone());
+    let node = c.node_name();
+    wait_until_async("CSINode with skiff's driver", T, || {
+        let (csinodes, node) = (csinodes.clone(), node.clone());
+        async move {
+            let n = csinodes.get(&node).await.map_err(|e| e.to_string())?;
+            n.spec
+                .drivers
+                .iter()
+                .any(|d| d.name == DRIVER && d.node_id == node)
+                .then_some(())
+                .ok_or(format!("{:?}", n.spec.drivers))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() {
+    let c = Cluster::start("csireal").await;
+    c.assign_pod_cidr().await;
+    let layout = Layout::new(&c.config.data_dir);
+    let node = c.node_name();
+    let root = layout.root().canonicalize().unwrap();
+    let driver = RealDriver::start(&root, &node);
+    wait_registered(&c).await;
+
+    // The provisioner's part: CreateVolume on the driver's Controller service, then the PV
+    // and its claim bound to it.
+    let socket = layout.plugins_dir().join(DRIVER).join("csi.sock");
+    let mut controller =
+        csi::controller_client::ControllerClient::new(node::cri::unix_channel(&socket));
+    let topology = csi::Topology {
+        segments: [(TOPOLOGY_KEY.to_string(), node.clone())].into(),
+    };
+    let cap = csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                mount_flags: vec![],
+                volume_mount_group: String::new(),
+            },
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let volume = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: "pvc-real".into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 64 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap],
+            parameters: Default::default(),
+            accessibility_requirements: Some(csi::TopologyRequirement {
+                requisite: vec![topology.clone()],
+                preferred: vec![topology],
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "pvc-real"},
+        "spec": {"capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "claimRef": {"namespace": "default", "name": "real"},
+                 "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id, "fsType": "ext4",
+                         "volumeAttributes": volume.volume_context}}
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(c.client.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "real"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "volumeName": "pvc-real", "resources": {"requests": {"storage": "64Mi"}}}
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"],
+                                   "capacity": {"storage": "64Mi"}}});
+    claims
+        .patch_status("real", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+
+    let spec = json!({"containers": [{"name": "app", "image": BUSYBOX_IMAGE,
+                       "command": ["sleep", "3600"],
+                       "volumeMounts": [{"name": "d", "mountPath": "/data"}]}],
+                      "terminationGracePeriodSeconds": 1,
+                      "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "real"}}]});
+    c.create_pod("writer", spec.clone()).await;
+    let pod = c.wait_pod("writer", "writer Running", running_ready).await;
+    let uid = pod.metadata.uid.unwrap();
+    // The container's /data is the driver's ext4 on its loop device.
+    let (code, out) = exec(
+        &c,
+        "writer",
+        "grep ' /data ' /proc/mounts && echo kept > /data/f",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(" ext4 "), "{out}");
+    let staging = layout
+        .csi_staging_dir(DRIVER, &volume.volume_id)
+        .join("globalmount");
+    let target = layout.csi_publish_dir(&uid, "pvc-real").join("mount");
+    assert!(mountinfo::is_mount_point(&staging), "staged on the host");
+    assert!(mountinfo::is_mount_point(&target), "published on the host");
+
+    // The pod goes: unpublished and unstaged through the driver.
+    c.pods()
+        .delete("writer", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until_async("the volume unstaged", T, || {
+        let (staging, target) = (staging.clone(), target.clone());
+        async move {
+            let s = (
+                mountinfo::is_mount_point(&staging),
+                mountinfo::is_mount_point(&target),
+            );
+            if s == (false, false) {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        }
+    })
+    .await;
+    wait_until_async("writer gone", T, || {
+        let pods = c.pods();
+        async move {
+            match pods.get_opt("writer").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+
+    // A new pod of the same claim reads the file back.
+    c.create_pod("reader", spec).await;
+    c.wait_pod("reader", "reader Running", running_ready).await;
+    let (code, out) = exec(&c, "reader", "cat /data/f").await;
+    assert_eq!((code, out.trim()), (0, "kept"));
+    c.pods()
+        .delete("reader", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until_async("unstaged again", T, || {
+        let staging = staging.clone();
+        async move {
+            (!mountinfo::is_mount_point(&staging))
+                .then_some(())
+                .ok_or(())
+        }
+    })
+    .await;
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+        })
+        .await
+        .unwrap();
+    drop(driver);
+}
