@@ -69,6 +69,29 @@ impl Load {
     }
 }
 
+impl Load {
+    /// Follows one volume change: its old capacity leaves its node, its new one arrives.
+    fn track(&mut self, change: &Change<PersistentVolume>, driver: &str) {
+        let (old, new) = match change {
+            Change::Added(v) => (None, Some(v)),
+            Change::Updated { old, new } => (Some(old), Some(new)),
+            Change::Deleted(v) => (Some(v), None),
+        };
+        if let Some((node, bytes)) = old.and_then(|v| volume_load(v, driver)) {
+            self.add(&node, -bytes);
+        }
+        if let Some(v) = new {
+            if let Some((node, bytes)) = volume_load(v, driver) {
+                self.add(&node, bytes);
+            }
+            // Provisioned: the volume's own capacity counts from now on.
+            if let Some(uid) = volume_claim_uid(v) {
+                self.placed.remove(uid);
+            }
+        }
+    }
+}
+
 /// What a volume of `driver` adds to its node's load.
 fn volume_load(pv: &PersistentVolume, driver: &str) -> Option<(String, i64)> {
     let spec = pv.spec.as_ref()?;
@@ -269,26 +292,7 @@ pub async fn run(client: Client, driver: String) -> anyhow::Result<()> {
         }
     });
     let (d, l) = (driver.clone(), load.clone());
-    volumes.on_change(move |c| {
-        let mut load = lock(&l);
-        let (old, new) = match c {
-            Change::Added(v) => (None, Some(v)),
-            Change::Updated { old, new } => (Some(old), Some(new)),
-            Change::Deleted(v) => (Some(v), None),
-        };
-        if let Some((node, bytes)) = old.and_then(|v| volume_load(v, &d)) {
-            load.add(&node, -bytes);
-        }
-        if let Some(v) = new {
-            if let Some((node, bytes)) = volume_load(v, &d) {
-                load.add(&node, bytes);
-            }
-            // Provisioned: the volume's own capacity counts from now on.
-            if let Some(uid) = volume_claim_uid(v) {
-                load.placed.remove(uid);
-            }
-        }
-    });
+    volumes.on_change(move |c| lock(&l).track(c, &d));
     let (q, d, cl) = (queue.clone(), driver.clone(), claims.clone());
     classes.on_change(move |c| {
         if let Change::Deleted(_) = c {
@@ -380,6 +384,33 @@ mod tests {
         );
         assert_eq!(volume_load(&pv("other.csi", "n1", "2Gi"), DRIVER), None);
         assert_eq!(volume_claim_uid(&pv(DRIVER, "n1", "1Gi")), Some("c1"));
+    }
+
+    #[test]
+    fn the_load_follows_volume_events() {
+        let mut load = Load::default();
+        load.placed.insert("c1".into(), ("n1".into(), 5));
+        let a = Arc::new(pv(DRIVER, "n1", "2Gi"));
+        load.track(&Change::Added(a.clone()), DRIVER);
+        // The claim's reservation gave way to its volume.
+        assert_eq!(load.of("n1"), 2 << 30);
+        let grown = Arc::new(pv(DRIVER, "n1", "3Gi"));
+        load.track(
+            &Change::Updated {
+                old: a,
+                new: grown.clone(),
+            },
+            DRIVER,
+        );
+        assert_eq!(load.of("n1"), 3 << 30);
+        load.track(
+            &Change::Added(Arc::new(pv("other.csi", "n1", "7Gi"))),
+            DRIVER,
+        );
+        assert_eq!(load.of("n1"), 3 << 30);
+        load.track(&Change::Deleted(grown), DRIVER);
+        assert_eq!(load.of("n1"), 0);
+        assert!(load.provisioned.is_empty() && load.placed.is_empty());
     }
 
     #[test]

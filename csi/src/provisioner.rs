@@ -15,7 +15,7 @@
 //! (1 s doubling to 5 min); final CreateVolume errors instead give the claim back to the
 //! scheduler by removing its selected-node annotation, as external-provisioner does.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
@@ -58,7 +58,7 @@ pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// On the PVs a provisioner creates: kept until the storage behind them is deleted.
 pub const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 /// The topology key of this driver's volumes (value: the node name).
-pub const TOPOLOGY_KEY: &str = "topology.local.csi.skiff.io/node";
+pub use crate::TOPOLOGY_KEY;
 
 /// The class parameter naming the filesystem (external-provisioner's reserved prefix).
 const FSTYPE_PARAMETER: &str = "csi.storage.k8s.io/fstype";
@@ -179,6 +179,8 @@ struct Provisioner {
     recorder: Recorder,
     /// Volumes created for claims whose PV could not be written yet, by claim.
     created: Mutex<HashMap<ObjectKey, Created>>,
+    /// Uids of volumes whose storage DeleteVolume removed, until the object is gone.
+    reclaimed: Arc<Mutex<HashSet<String>>>,
 }
 
 /// The annotation `key` of `o`, if set.
@@ -630,7 +632,7 @@ impl Provisioner {
     }
 
     fn lock_created(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Created>> {
-        self.created.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.created)
     }
 
     /// Creates the PV of a volume the driver made, retrying a few times; a claim that went
@@ -777,20 +779,29 @@ impl Provisioner {
                     .and_then(|s| s.csi.as_ref())
                     .map(|c| c.volume_handle.clone())
                     .unwrap_or_default();
-                if let Err(status) = self.delete_volume(&handle).await {
-                    let message = rpc_error(&status);
-                    COUNTERS
-                        .delete_failed
-                        .get_or_create(&class_label(&class))
-                        .inc();
-                    tracing::warn!(volume = %name, %message, "deleting the volume failed");
-                    self.recorder.event(
-                        pv.as_ref(),
-                        EventType::Warning,
-                        "VolumeFailedDelete",
-                        message.clone(),
-                    );
-                    return Err(Retry(message));
+                let uid = pv.uid().unwrap_or_default();
+                // A later event of the same volume (our own finalizer patch, the deletion)
+                // finishes the object's part without deleting the storage twice.
+                let done = lock(&self.reclaimed).contains(&uid);
+                if !done {
+                    if let Err(status) = self.delete_volume(&handle).await {
+                        let message = rpc_error(&status);
+                        COUNTERS
+                            .delete_failed
+                            .get_or_create(&class_label(&class))
+                            .inc();
+                        tracing::warn!(volume = %name, %message, "deleting the volume failed");
+                        self.recorder.event(
+                            pv.as_ref(),
+                            EventType::Warning,
+                            "VolumeFailedDelete",
+                            message.clone(),
+                        );
+                        return Err(Retry(message));
+                    }
+                    lock(&self.reclaimed).insert(uid);
+                    COUNTERS.deleted.get_or_create(&class_label(&class)).inc();
+                    tracing::info!(volume = %name, handle = %handle, "volume deleted");
                 }
                 self.remove_finalizer(&pv).await?;
                 if pv.meta().deletion_timestamp.is_none() {
@@ -800,8 +811,6 @@ impl Provisioner {
                         Err(e) => return Err(e.into()),
                     }
                 }
-                COUNTERS.deleted.get_or_create(&class_label(&class)).inc();
-                tracing::info!(volume = %name, handle = %handle, "volume deleted");
                 Ok(())
             }
         }
@@ -832,6 +841,10 @@ impl Provisioner {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Runs the provisioner of `cfg.node` until the returned future is dropped.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let token = CancellationToken::new();
@@ -857,6 +870,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         classes: classes.clone(),
         recorder: events.recorder(component),
         created: Mutex::new(HashMap::new()),
+        reclaimed: Arc::default(),
     });
     let queue: WorkQueue<Work> = WorkQueue::with_backoff(RETRY);
 
@@ -875,8 +889,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     });
     let (q, driver, node) = (queue.clone(), p.driver.clone(), p.node.clone());
+    let reclaimed = p.reclaimed.clone();
     volumes.on_change(move |c| {
-        if let Change::Deleted(_) = c {
+        if let Change::Deleted(pv) = c {
+            lock(&reclaimed).remove(&pv.uid().unwrap_or_default());
             return;
         }
         if reclaim_action(c.object(), &driver, &node) != Reclaim::Nothing {
