@@ -1225,20 +1225,30 @@ async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() 
         .delete("reader", &DeleteParams::default())
         .await
         .unwrap();
+    // Unstaged by the agent (the staging directory goes once NodeUnstageVolume succeeded),
+    // then the volume can be deleted once the kernel has let go of its loop device (autoclear
+    // is asynchronous: the driver refuses while it is attached, a provisioner retries).
+    let staging_dir = staging.parent().unwrap().to_path_buf();
     wait_until_async("unstaged again", T, || {
-        let staging = staging.clone();
+        let (staging, dir) = (staging.clone(), staging_dir.clone());
         async move {
-            (!mountinfo::is_mount_point(&staging))
+            (!mountinfo::is_mount_point(&staging) && !dir.exists())
                 .then_some(())
                 .ok_or(())
         }
     })
     .await;
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-        })
-        .await
-        .unwrap();
+    wait_until_async("the volume deleted", T, || {
+        let mut controller = controller.clone();
+        let id = volume.volume_id.clone();
+        async move {
+            controller
+                .delete_volume(csi::DeleteVolumeRequest { volume_id: id })
+                .await
+                .map(|_| ())
+                .map_err(|s| s.message().to_string())
+        }
+    })
+    .await;
     drop(driver);
 }

@@ -78,6 +78,8 @@ struct State {
     staged: HashMap<String, Staged>,
     /// Pods whose orphaned volumes a cleanup task is working on.
     cleaning: HashSet<String>,
+    /// A cleanup task is unstaging volumes no pod publishes.
+    sweeping: bool,
     /// (namespace, claim) series the volume metrics have.
     series: HashSet<(String, String)>,
 }
@@ -577,11 +579,14 @@ impl CsiVolumes {
             found
         };
         let stale_stages = {
-            let state = self.state();
-            state
-                .staged
-                .keys()
-                .any(|h| !state.published.values().any(|p| p.data.volume_handle == *h))
+            let mut state = self.state();
+            let stale = !state.sweeping
+                && state
+                    .staged
+                    .keys()
+                    .any(|h| !state.published.values().any(|p| p.data.volume_handle == *h));
+            state.sweeping |= stale;
+            stale
         };
         if orphans.is_empty() && !stale_stages {
             return;
@@ -606,6 +611,9 @@ impl CsiVolumes {
                 }
                 me.state().cleaning.remove(&uid);
             }
+            if !stale_stages {
+                return; // unpublishing the orphans unstaged what they alone used
+            }
             loop {
                 match me.unstage_unused().await {
                     Ok(()) => break,
@@ -617,6 +625,7 @@ impl CsiVolumes {
                     _ = me.stop.cancelled() => return,
                 }
             }
+            me.state().sweeping = false;
         });
     }
 
