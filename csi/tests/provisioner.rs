@@ -7,19 +7,25 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use control_plane::apiserver::{Config as ApiConfig, RunningServer, Server as ApiServer};
+use csi::controller_client::ControllerClient;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 use skiff_csi::plugin::{self, Plugin, PluginConfig};
+use skiff_csi::proto::csi::v1 as csi;
 use skiff_csi::provisioner::{self, FINALIZER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER};
 use skiff_csi::{placement, DRIVER_NAME, TOPOLOGY_KEY};
 use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Server};
+use tonic::{Request, Response, Status};
 
 /// Generous for a loaded 2-core machine: each step is a few watch events and calls.
 const CONVERGE: Duration = Duration::from_secs(60);
@@ -601,4 +607,164 @@ async fn immediate_claims_go_to_the_registered_node_with_the_fewest_bytes() {
     assert_eq!(selected("lost").await, "n4");
     ours.abort();
     absent.abort();
+}
+
+/// The real driver's Controller service behind a proxy that first fails the given number
+/// of CreateVolume and DeleteVolume calls (error injection only; the rest is the driver's).
+struct Flaky {
+    real: ControllerClient<Channel>,
+    create_failures: AtomicU32,
+    delete_failures: AtomicU32,
+    creates: AtomicU32,
+}
+
+/// Takes one failure from `left`, if any is left.
+fn fail_once(left: &AtomicU32) -> bool {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+#[tonic::async_trait]
+impl csi::controller_server::Controller for Flaky {
+    async fn create_volume(
+        &self,
+        r: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        self.creates.fetch_add(1, Ordering::SeqCst);
+        if fail_once(&self.create_failures) {
+            return Err(Status::unavailable("driver busy"));
+        }
+        self.real.clone().create_volume(r.into_inner()).await
+    }
+
+    async fn delete_volume(
+        &self,
+        r: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        if fail_once(&self.delete_failures) {
+            return Err(Status::internal("disk busy"));
+        }
+        self.real.clone().delete_volume(r.into_inner()).await
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        r: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        self.real
+            .clone()
+            .validate_volume_capabilities(r.into_inner())
+            .await
+    }
+
+    async fn get_capacity(
+        &self,
+        r: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        self.real.clone().get_capacity(r.into_inner()).await
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        r: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        self.real
+            .clone()
+            .controller_get_capabilities(r.into_inner())
+            .await
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        r: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        self.real
+            .clone()
+            .controller_expand_volume(r.into_inner())
+            .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transient_errors_are_retried_keeping_the_node_and_failed_deletes_are_reported() {
+    let c = Cluster::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let driver = Driver::start(scratch.path(), "n1", GIB).await;
+    let flaky = Arc::new(Flaky {
+        real: ControllerClient::new(plugin::unix_channel(&driver.socket)),
+        create_failures: AtomicU32::new(1),
+        delete_failures: AtomicU32::new(1),
+        creates: AtomicU32::new(0),
+    });
+    let proxy = scratch.path().join("flaky.sock");
+    let listener = plugin::listen(&proxy).unwrap();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(csi::controller_server::ControllerServer::from_arc(
+                flaky.clone(),
+            ))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    c.class("local", "Delete", "WaitForFirstConsumer").await;
+    let task = tokio::spawn(provisioner::run(provisioner::Config {
+        client: c.client.clone(),
+        csi: plugin::unix_channel(&proxy),
+        driver: DRIVER_NAME.into(),
+        node: "n1".into(),
+    }));
+    let claim = c.claim("busy", "local", "16Mi", Some("n1")).await;
+    let uid = claim.uid().unwrap();
+    let (kind, message) = c.wait_event(&uid, "ProvisioningFailed").await;
+    assert_eq!(kind, "Warning");
+    assert_eq!(
+        message,
+        "failed to provision volume with StorageClass \"local\": rpc error: code = Unavailable desc = driver busy"
+    );
+    // Retried after its back-off, on the same node: the claim kept its selected node.
+    let pv = c.wait_volume(&pv_name(&claim)).await;
+    assert_eq!(flaky.creates.load(Ordering::SeqCst), 2);
+    let still = c.claims().get("busy").await.unwrap();
+    assert_eq!(
+        still.annotations().get(SELECTED_NODE).map(String::as_str),
+        Some("n1")
+    );
+    c.wait_event(&uid, "ProvisioningSucceeded").await;
+
+    c.release(&pv.name_any()).await;
+    let (kind, message) = c.wait_event(&pv.uid().unwrap(), "VolumeFailedDelete").await;
+    assert_eq!(kind, "Warning");
+    assert_eq!(message, "rpc error: code = Internal desc = disk busy");
+    let file = driver.file(
+        &pv.spec
+            .as_ref()
+            .unwrap()
+            .csi
+            .as_ref()
+            .unwrap()
+            .volume_handle,
+    );
+    eventually("the volume deleted on the retry", || async {
+        match file.exists() {
+            false => Ok(()),
+            true => Err(format!("{} still there", file.display())),
+        }
+    })
+    .await;
+    eventually("the PV deleted", || async {
+        match c
+            .volumes()
+            .get_opt(&pv.name_any())
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Some(pv) if pv.metadata.deletion_timestamp.is_none() || has_finalizer(&pv) => {
+                Err(format!("{:?}", pv.finalizers()))
+            }
+            _ => Ok(()),
+        }
+    })
+    .await;
+    task.abort();
+    server.abort();
+    driver.stop().await;
 }
