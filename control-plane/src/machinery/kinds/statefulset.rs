@@ -9,7 +9,9 @@ use k8s_openapi::api::apps::v1::{
     ControllerRevision, RollingUpdateStatefulSetStrategy, StatefulSet,
     StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetUpdateStrategy,
 };
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Volume,
+};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
@@ -163,8 +165,28 @@ pub fn validate_stateful_set(new: &Value, old: Option<&Value>) -> Vec<FieldError
             Some(&spec.template),
             "statefulset",
         ));
+        // Containers mount the claim templates by name: the controller adds a volume per
+        // template to each pod it makes, so the template is checked with them in place.
+        let mut template = spec.template.clone();
+        if let Some(pod) = template.spec.as_mut() {
+            let volumes = pod.volumes.get_or_insert_with(Vec::new);
+            for claim in spec.volume_claim_templates.iter().flatten() {
+                let name = claim.metadata.name.clone().unwrap_or_default();
+                if name.is_empty() || volumes.iter().any(|v| v.name == name) {
+                    continue;
+                }
+                volumes.push(Volume {
+                    name: name.clone(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: name,
+                        read_only: None,
+                    }),
+                    ..Default::default()
+                });
+            }
+        }
         errs.extend(validate_template(
-            &spec.template,
+            &template,
             &path.child("template"),
             ALWAYS,
         ));
@@ -643,6 +665,27 @@ mod tests {
         );
         let row = stateful_set_row(&v, "2025-01-01T00:01:00Z".parse().unwrap());
         assert_eq!(row[1], "0/3");
+    }
+
+    #[test]
+    fn containers_mount_claim_templates_by_name() {
+        let mut v = set();
+        default_stateful_set(&mut v);
+        v["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] =
+            json!([{"name": "www", "mountPath": "/data"}]);
+        assert!(
+            validate_stateful_set(&v, None).is_empty(),
+            "{:?}",
+            validate_stateful_set(&v, None)
+        );
+        v["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] =
+            json!([{"name": "nowhere", "mountPath": "/data"}]);
+        let errs = validate_stateful_set(&v, None);
+        assert_eq!(
+            errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            ["spec.template.spec.containers[0].volumeMounts[0].name"],
+            "{errs:?}"
+        );
     }
 
     #[test]
