@@ -587,9 +587,12 @@ async fn a_registered_driver_stages_publishes_and_tears_down_a_claim_of_a_pod() 
                "volumeMounts": [
                    {"name": "d", "mountPath": "/data"},
                    {"name": "d", "mountPath": "/sub", "subPath": "sub/dir"},
-                   {"name": "d", "mountPath": "/ro", "readOnly": true}]}],
+                   {"name": "d", "mountPath": "/ro", "readOnly": true},
+                   {"name": "reg", "mountPath": "/reg", "readOnly": true}]}],
                "terminationGracePeriodSeconds": 1,
-               "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}),
+               "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}},
+                           {"name": "reg", "hostPath": {"path": "/var/lib/kubelet/plugins_registry",
+                                                        "type": "Directory"}}]}),
     )
     .await;
     wait_until_async("FailedMount for an unbound claim", T, || {
@@ -668,6 +671,12 @@ async fn a_registered_driver_stages_publishes_and_tears_down_a_claim_of_a_pod() 
     assert_eq!(
         std::fs::read_to_string(disk.join("sub/dir/g")).unwrap(),
         "sub\n"
+    );
+    // A hostPath under /var/lib/kubelet is this agent's root dir: the driver's socket is there.
+    let (code, out) = exec(&c, "user", "ls /reg").await;
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("{DRIVER}-reg.sock").as_str())
     );
     let (code, out) = exec(&c, "user", "echo no > /ro/h").await;
     assert_ne!(code, 0, "a readOnly mount of the volume is writable: {out}");

@@ -110,15 +110,14 @@ pub async fn run(
             }
         }
     }
-    let watch = PluginWatch {
+    ensure_csi_node(&client, &node).await;
+    let mut watch = PluginWatch {
         client,
         node,
         layout,
         drivers,
         sockets: HashMap::new(),
     };
-    ensure_csi_node(&watch.client, &watch.node).await;
-    let mut watch = watch;
     info!(dir = %dir.display(), "plugin watcher running");
     loop {
         let seen = tokio::select! {
