@@ -775,8 +775,15 @@ async fn a_registered_driver_stages_publishes_and_tears_down_a_claim_of_a_pod() 
     assert!(!mountinfo::is_mount_point(
         &layout.host_path(Path::new(&staging))
     ));
-    // The data stays on the driver's disk.
+    // The data stays on the driver's disk; the claim's volume metrics go with the volume.
     assert_eq!(std::fs::read_to_string(disk.join("f")).unwrap(), "hello\n");
+    let body = c.kubelet_get("/metrics").await;
+    assert!(
+        !body
+            .lines()
+            .any(|l| l.starts_with("kubelet_volume_stats_") && l.contains("\"data\"")),
+        "volume metrics of an unpublished claim"
+    );
 
     // The driver goes: its CSINode entry goes, the label stays.
     drop(driver);
