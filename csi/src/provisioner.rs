@@ -157,6 +157,12 @@ struct Created {
     volume_id: String,
 }
 
+/// Whether `claim` is still the claim with `uid` and not being deleted (a claim that goes
+/// never gets the volume made for it).
+fn still_there(claim: &PersistentVolumeClaim, uid: &str) -> bool {
+    claim.uid().as_deref() == Some(uid) && claim.meta().deletion_timestamp.is_none()
+}
+
 /// Why one attempt must be retried after the object's back-off.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -659,7 +665,8 @@ impl Provisioner {
                 .get_opt(&key.name)
                 .await;
             if let Ok(current) = current {
-                if current.as_ref().and_then(|c| c.uid()) != claim.uid() {
+                let uid = claim.uid().unwrap_or_default();
+                if !current.as_ref().is_some_and(|c| still_there(c, &uid)) {
                     return self.delete_orphan(key, current.as_ref()).await;
                 }
             }
@@ -700,7 +707,7 @@ impl Provisioner {
         let volume_id = {
             let created = self.lock_created();
             match created.get(key) {
-                Some(c) if claim.and_then(|c| c.uid()).as_deref() != Some(&c.claim_uid) => {
+                Some(c) if !claim.is_some_and(|claim| still_there(claim, &c.claim_uid)) => {
                     c.volume_id.clone()
                 }
                 _ => return Ok(()),

@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use control_plane::apiserver::{Config as ApiConfig, RunningServer, Server as ApiServer};
 use csi::controller_client::ControllerClient;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 use skiff_csi::plugin::{self, Plugin, PluginConfig};
@@ -54,6 +56,8 @@ struct Cluster {
     _dir: tempfile::TempDir,
     _api: RunningServer,
     client: Client,
+    /// The admin kubeconfig.
+    kubeconfig: PathBuf,
 }
 
 impl Cluster {
@@ -67,6 +71,7 @@ impl Cluster {
             .unwrap();
         Cluster {
             _dir: dir,
+            kubeconfig: api.kubeconfig_path().to_path_buf(),
             _api: api,
             client,
         }
@@ -766,5 +771,88 @@ async fn transient_errors_are_retried_keeping_the_node_and_failed_deletes_are_re
     .await;
     task.abort();
     server.abort();
+    driver.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_whose_pv_cannot_be_written_is_deleted_again_when_its_claim_goes() {
+    let c = Cluster::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let driver = Driver::start(scratch.path(), "n1", GIB).await;
+    c.class("local", "Delete", "WaitForFirstConsumer").await;
+    // A provisioner that may do everything but create PersistentVolumes (RBAC as the API
+    // server enforces it, through impersonation by the admin).
+    let roles: Api<ClusterRole> = Api::all(c.client.clone());
+    c.create(
+        &roles,
+        json!({
+            "metadata": {"name": "no-pv-create"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["persistentvolumes"],
+                    "verbs": ["get", "list", "watch", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["persistentvolumeclaims"],
+                    "verbs": ["get", "list", "watch", "patch"]},
+                {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"],
+                    "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+            ],
+        }),
+    )
+    .await;
+    let bindings: Api<ClusterRoleBinding> = Api::all(c.client.clone());
+    c.create(
+        &bindings,
+        json!({
+            "metadata": {"name": "no-pv-create"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "no-pv-create"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                "name": "limited-provisioner"}],
+        }),
+    )
+    .await;
+    let kc = Kubeconfig::read_from(c.kubeconfig.as_path()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some("limited-provisioner".into());
+    let limited = Client::try_from(config).unwrap();
+    let task = driver.provisioner(&limited, "n1");
+
+    let claim = c.claim("unlucky", "local", "16Mi", Some("n1")).await;
+    let uid = claim.uid().unwrap();
+    let (kind, message) = c.wait_event(&uid, "ProvisioningFailed").await;
+    assert_eq!(kind, "Warning");
+    assert!(
+        message.starts_with(&format!(
+            "failed to create PersistentVolume {} for claim \"default/unlucky\": ",
+            pv_name(&claim)
+        )),
+        "{message}"
+    );
+    // The driver made the volume; no PV says so.
+    let file = driver.file(&pv_name(&claim));
+    assert!(file.exists());
+    assert!(c
+        .volumes()
+        .get_opt(&pv_name(&claim))
+        .await
+        .unwrap()
+        .is_none());
+
+    // The claim goes (pvc-protection keeps the object while it is being deleted): the
+    // volume made for it is deleted.
+    c.claims()
+        .delete("unlucky", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the orphaned volume deleted", || async {
+        match file.exists() {
+            false => Ok(()),
+            true => Err(format!("{} still there", file.display())),
+        }
+    })
+    .await;
+    task.abort();
     driver.stop().await;
 }
