@@ -5,6 +5,7 @@
 //!   socket, Registration on the registration socket) and `unix_channel` to dial such sockets.
 //! - `volumes`, `sys`: the volumes (sparse files, loop devices, ext4) and capacity.
 //! - `provisioner`: the distributed provisioner task that runs in each node plugin.
+//! - `resizer`: the distributed resizer task (external-resizer) that runs in each node plugin.
 //! - `placement`: the controller that places claims of Immediate classes on a node.
 
 pub mod proto {
@@ -29,6 +30,7 @@ pub mod placement;
 pub mod plugin;
 pub mod provisioner;
 pub mod registration;
+pub mod resizer;
 pub mod sys;
 pub mod volumes;
 
