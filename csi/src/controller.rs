@@ -190,7 +190,7 @@ impl Controller {
             }
             let available = d.store.available().map_err(|e| io_status("capacity", e))?;
             if size - current > available {
-                return Err(Status::out_of_range(format!(
+                return Err(Status::resource_exhausted(format!(
                     "not enough capacity on node {} to grow volume {id} from {current} to \
                      {size} bytes: requested {} more bytes, available {available} bytes",
                     d.node,
