@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use skiff_csi::metrics::{self, Metrics};
 use skiff_csi::plugin::{self, PluginConfig};
-use skiff_csi::{placement, provisioner, volumes, DRIVER_NAME};
+use skiff_csi::{placement, provisioner, resizer, volumes, DRIVER_NAME};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,8 +25,8 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// The node plugin: CSI Identity/Controller/Node services, plugin registration and the
-    /// provisioner for claims selected for this node.
+    /// The node plugin: CSI Identity/Controller/Node services, plugin registration, the
+    /// provisioner for claims selected for this node and the resizer of its volumes.
     Plugin(PluginArgs),
     /// The controller: places claims of Immediate classes on a node.
     Controller(ControllerArgs),
@@ -61,7 +61,7 @@ struct PluginArgs {
     /// Address for /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:9808")]
     metrics_addr: SocketAddr,
-    /// Do not run the provisioner (no API server needed; tests).
+    /// Do not run the provisioner and the resizer (no API server needed; tests).
     #[arg(long)]
     no_provisioner: bool,
     /// A kubeconfig; without it the in-cluster configuration (service account) is used.
@@ -125,20 +125,33 @@ async fn run_plugin(a: PluginArgs) -> anyhow::Result<()> {
         metrics,
     )
     .await?;
-    let provisioner = match a.no_provisioner {
-        true => None,
+    let (provisioner, resizer) = match a.no_provisioner {
+        true => (None, None),
         false => {
             let client = client(a.kubeconfig.as_ref()).await?;
-            Some(tokio::spawn(provisioner::run(provisioner::Config {
+            let resizer = tokio::spawn(resizer::run(resizer::Config {
+                client: client.clone(),
+                csi: plugin::unix_channel(&endpoint),
+                driver: DRIVER_NAME.to_string(),
+                node: a.node_name.clone(),
+            }));
+            let provisioner = tokio::spawn(provisioner::run(provisioner::Config {
                 client,
                 csi: plugin::unix_channel(&endpoint),
                 driver: DRIVER_NAME.to_string(),
                 node: a.node_name,
-            })))
+            }));
+            (Some(provisioner), Some(resizer))
         }
     };
     let provisioned = async {
         match provisioner {
+            Some(t) => t.await,
+            None => std::future::pending().await,
+        }
+    };
+    let resized = async {
+        match resizer {
             Some(t) => t.await,
             None => std::future::pending().await,
         }
@@ -150,6 +163,11 @@ async fn run_plugin(a: PluginArgs) -> anyhow::Result<()> {
             Ok(Ok(())) => Err(anyhow::anyhow!("the provisioner stopped")),
             Ok(Err(e)) => Err(e.context("provisioner")),
             Err(e) => Err(anyhow::anyhow!("the provisioner panicked: {e}")),
+        },
+        r = resized => match r {
+            Ok(Ok(())) => Err(anyhow::anyhow!("the resizer stopped")),
+            Ok(Err(e)) => Err(e.context("resizer")),
+            Err(e) => Err(anyhow::anyhow!("the resizer panicked: {e}")),
         },
     };
     running.shutdown().await;
