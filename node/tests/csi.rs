@@ -785,6 +785,45 @@ async fn a_registered_driver_stages_publishes_and_tears_down_a_claim_of_a_pod() 
         "volume metrics of an unpublished claim"
     );
 
+    // A pod that completes (restartPolicy Never) gives its volume back before it is deleted.
+    c.create_pod(
+        "job",
+        json!({"restartPolicy": "Never",
+               "containers": [{"name": "app", "image": BUSYBOX_IMAGE,
+                               "command": ["sh", "-c", "echo done > /data/j"],
+                               "volumeMounts": [{"name": "d", "mountPath": "/data"}]}],
+               "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}),
+    )
+    .await;
+    c.wait_pod("job", "job Succeeded", |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+    })
+    .await;
+    wait_until_async(
+        "the completed pod's volume unpublished and unstaged",
+        T,
+        || {
+            let calls = driver.calls.clone();
+            async move {
+                let n = (
+                    calls.of("NodeUnpublishVolume").len(),
+                    calls.of("NodeUnstageVolume").len(),
+                );
+                if n == (2, 2) {
+                    Ok(())
+                } else {
+                    Err(n)
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(std::fs::read_to_string(disk.join("j")).unwrap(), "done\n");
+    assert!(
+        c.pods().get_opt("job").await.unwrap().is_some(),
+        "the pod stays"
+    );
+
     // The driver goes: its CSINode entry goes, the label stays.
     drop(driver);
     let _ = std::fs::remove_file(

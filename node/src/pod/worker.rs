@@ -66,6 +66,8 @@ struct PodRuntime {
     /// `kubectl debug`'s containers, in the order the pod's spec added them.
     ephemerals: Vec<ContainerWorker>,
     sandbox_stopped: bool,
+    /// The pod's CSI volumes were unpublished (it completed: nothing will run again).
+    csi_released: bool,
 }
 
 enum State {
@@ -340,6 +342,7 @@ impl Worker {
             apps,
             ephemerals,
             sandbox_stopped: false,
+            csi_released: false,
         })
     }
 
@@ -405,6 +408,7 @@ impl Worker {
                     apps,
                     ephemerals: Vec::new(),
                     sandbox_stopped: false,
+                    csi_released: false,
                 })
             }
             Err(e) => {
@@ -523,6 +527,21 @@ impl Worker {
             let _ = self.ctx.cri.stop_pod_sandbox(&rt.sandbox.id).await;
             rt.sandbox_stopped = true;
             self.report(&rt);
+        }
+        // Nothing runs any more: its CSI volumes go now, as the kubelet unmounts a terminated
+        // pod's volumes before the pod is deleted (exited containers keep only their logs).
+        if !rt.csi_released {
+            match self.ctx.csi.clone() {
+                Some(csi) => match csi.tear_down_pod(&self.pod_ref.uid).await {
+                    Ok(()) => rt.csi_released = true,
+                    Err(e) => {
+                        warn!(pod = %self.pod_ref, error = %e, "unmounting a completed pod's CSI volumes failed; retrying");
+                        self.wait(self.ctx.timing.sync_interval).await;
+                        return State::Completed(rt);
+                    }
+                },
+                None => rt.csi_released = true,
+            }
         }
         self.wait(Duration::from_secs(3600)).await;
         State::Completed(rt)
