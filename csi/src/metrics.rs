@@ -79,6 +79,8 @@ impl Metrics {
             "Bytes a new volume may still take on this node",
             available_bytes.clone(),
         );
+        // The provisioner's counters (provisioned and deleted volumes, by class).
+        crate::provisioner::register_metrics(&mut registry);
         Metrics {
             registry,
             operations,

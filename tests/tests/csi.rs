@@ -486,7 +486,7 @@ spec:
         &claim("odd", "1Gi", None).replace("ReadWriteOnce", "ReadWriteSometimes"),
     );
     assert!(
-        err.contains("spec.accessModes: Unsupported value: \"ReadWriteSometimes\""),
+        err.contains("spec.accessModes[0]: Unsupported value: \"ReadWriteSometimes\""),
         "{err}"
     );
     let err = k.fails(&[
