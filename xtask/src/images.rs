@@ -12,7 +12,7 @@
 //! `skiff/csi` is the CSI driver (deploy/csi.yaml): its static binary plus the host's
 //! e2fsprogs programs it runs (mkfs.ext4, resize2fs) with the shared libraries `ldd` lists
 //! and the dynamic loader, each at its host path, so they run in the container as on the host
-//! (`e2fsprogs` is installed here when missing).
+//! (`cargo xtask setup` installs `e2fsprogs`).
 //!
 //! `skiff/proxy` is the service proxy (deploy/proxy.yaml runs it as a DaemonSet); it embeds
 //! the eBPF object, so the kernel programs are built first (`cargo xtask build-ebpf`, a no-op
@@ -103,7 +103,8 @@ const E2FSPROGS: &[&str] = &["mkfs.ext4", "resize2fs"];
 pub fn all() -> Result<()> {
     let started = Instant::now();
     musl_target()?;
-    e2fsprogs()?;
+    // Debian's packages the images take files from (busybox-static, e2fsprogs).
+    setup::all()?;
     eprintln!(
         "images: skiff/proxy embeds the eBPF object; building it first (cargo xtask build-ebpf)"
     );
@@ -302,26 +303,6 @@ fn build(image: &Image, bin_dir: &Path) -> Result<Built> {
     };
     write_layout(image, &built)?;
     Ok(built)
-}
-
-/// `cargo xtask setup`'s way for one package: Debian's e2fsprogs, when mkfs.ext4 is missing.
-fn e2fsprogs() -> Result<()> {
-    if find_program("mkfs.ext4").is_some() && find_program("resize2fs").is_some() {
-        return Ok(());
-    }
-    eprintln!("images: installing e2fsprogs (mkfs.ext4 and resize2fs for skiff/csi)");
-    let install = || {
-        let mut c = Command::new("apt-get");
-        c.args(["install", "-y", "--no-install-recommends", "e2fsprogs"])
-            .env("DEBIAN_FRONTEND", "noninteractive");
-        c
-    };
-    if setup::run(&mut install()).is_err() {
-        // stale package lists on a fresh machine: refresh once and retry
-        setup::run(Command::new("apt-get").arg("update"))?;
-        setup::run(&mut install())?;
-    }
-    Ok(())
 }
 
 /// A host program on PATH, else in /sbin or /usr/sbin.

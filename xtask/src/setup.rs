@@ -24,6 +24,8 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("curl", "/usr/bin/curl"),
     // the `busybox` image (`cargo xtask images`)
     ("busybox-static", "/bin/busybox"),
+    // mkfs.ext4 and resize2fs in the skiff/csi image (`cargo xtask images`)
+    ("e2fsprogs", "/usr/sbin/mkfs.ext4"),
 ];
 
 pub fn all() -> Result<()> {

@@ -3,8 +3,10 @@
 //! first, then the control plane, N nodes (each a network namespace on a host bridge with
 //! its node agent and containerd), the eBPF service proxy as the DaemonSet of
 //! deploy/proxy.yaml, Ready on every node, and the cluster DNS (deploy/dns.yaml, applied
-//! through the API and waited for) through the same library the end-to-end tests use
-//! (`skiff_launcher::cluster`, `Spec::proxy_daemonset`, `Spec::cluster_dns`); each step is
+//! through the API and waited for), and skiff's CSI driver with the default StorageClass
+//! (deploy/csi.yaml, registered on every node) through the same library the end-to-end tests
+//! use (`skiff_launcher::cluster`, `Spec::proxy_daemonset`, `Spec::cluster_dns`, `Spec::csi`);
+//! each step is
 //! timed. The daemons run detached (logs in `.skiff/logs/`); `cargo xtask down` removes
 //! everything.
 //! The kubectl plugin `kubectl-skiff` (`kubectl skiff trace`) is installed in /usr/local/bin.
@@ -144,6 +146,9 @@ pub fn up(opts: Opts) -> Result<()> {
     // Cluster DNS as a workload (deploy/dns.yaml, Service kube-dns at 10.96.0.10), its pods
     // reaching the API through the `kubernetes` Service; node agents get --cluster-dns.
     spec.cluster_dns = true;
+    // Persistent volumes: skiff's CSI driver (deploy/csi.yaml: node plugin DaemonSet,
+    // controller Deployment, the default StorageClass skiff-local).
+    spec.csi = true;
     spec.relay = RelayMode::Process {
         program: std::env::current_exe().context("locating xtask")?,
         args: vec!["relay".into()],
