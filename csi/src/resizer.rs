@@ -181,8 +181,24 @@ enum Action {
         from: i64,
         to: i64,
     },
+    /// The volume grew but the claim still says Resizing (the claim update after the PV's
+    /// failed, or a crash came between them): the claim gets the state that follows, from
+    /// the PV (its pre-resize annotation records that the node must grow the filesystem).
+    Finish {
+        node_expansion: bool,
+        size: i64,
+    },
     /// The node finished the filesystem: the volume's pre-resize annotation goes.
     ClearPreResize,
+}
+
+/// Whether the claim has the condition `type_`.
+fn has_condition(claim: &PersistentVolumeClaim, type_: &str) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == type_))
 }
 
 fn action(
@@ -214,8 +230,15 @@ fn action(
             to: request,
         };
     }
+    let pending = annotation(pv, PRE_RESIZE_CAPACITY).is_some();
     let finished = claim_capacity(claim).is_some_and(|c| c >= has);
-    if finished && annotation(pv, PRE_RESIZE_CAPACITY).is_some() {
+    if has_condition(claim, RESIZING) {
+        return Action::Finish {
+            node_expansion: pending,
+            size: has,
+        };
+    }
+    if finished && pending {
         return Action::ClearPreResize;
     }
     Action::Nothing
@@ -334,10 +357,21 @@ impl Resizer {
         else {
             return Ok(());
         };
-        let Some(pv) = self.volumes.get(&ObjectKey::cluster(&pv_name)) else {
+        let Some(mut pv) = self.volumes.get(&ObjectKey::cluster(&pv_name)) else {
             return Ok(());
         };
-        match action(&claim, &pv, &self.driver, &self.node) {
+        let mut todo = action(&claim, &pv, &self.driver, &self.node);
+        if matches!(todo, Action::Expand { .. }) {
+            // The cache may not have our own PV update yet when the claim's next event comes
+            // (two watches): asking the driver again would find the volume big enough and
+            // answer "no node expansion needed", ending the resize before the filesystem grew.
+            match self.pvs().get_opt(&pv_name).await? {
+                Some(fresh) => pv = Arc::new(fresh),
+                None => return Ok(()),
+            }
+            todo = action(&claim, &pv, &self.driver, &self.node);
+        }
+        match todo {
             Action::Nothing => Ok(()),
             Action::ClearPreResize => {
                 let patch = json!({"metadata": {"annotations": {PRE_RESIZE_CAPACITY: null}}});
@@ -352,6 +386,13 @@ impl Resizer {
                 }
             }
             Action::Expand { from, to } => self.expand(key, &claim, &pv, from, to).await,
+            Action::Finish {
+                node_expansion,
+                size,
+            } => {
+                self.finish(key, &claim, &pv_name, node_expansion, size)
+                    .await
+            }
         }
     }
 
@@ -450,15 +491,36 @@ impl Resizer {
         self.pvs()
             .patch(&pv_name, &PatchParams::default(), &Patch::Merge(&pv_patch))
             .await?;
-        if response.node_expansion_required {
-            self.patch_claim_status(
-                &claim,
-                json!({
-                    "conditions": conditions(&claim, Some((FS_RESIZE_PENDING, FS_RESIZE_PENDING_MESSAGE.to_string()))),
-                    "allocatedResourceStatuses": {"storage": "NodeResizePending"},
-                }),
-            )
-            .await?;
+        self.finish(
+            key,
+            &claim,
+            &pv_name,
+            response.node_expansion_required,
+            size,
+        )
+        .await
+    }
+
+    /// The claim's state after its volume grew to `size`: FileSystemResizePending when the
+    /// node must grow the filesystem, else the new capacity.
+    async fn finish(
+        &self,
+        key: &ObjectKey,
+        claim: &PersistentVolumeClaim,
+        pv_name: &str,
+        node_expansion: bool,
+        size: i64,
+    ) -> Result<(), Retry> {
+        if node_expansion {
+            let claim = self
+                .patch_claim_status(
+                    claim,
+                    json!({
+                        "conditions": conditions(claim, Some((FS_RESIZE_PENDING, FS_RESIZE_PENDING_MESSAGE.to_string()))),
+                        "allocatedResourceStatuses": {"storage": "NodeResizePending"},
+                    }),
+                )
+                .await?;
             self.recorder.event(
                 &claim,
                 EventType::Normal,
@@ -467,15 +529,16 @@ impl Resizer {
             );
             tracing::info!(claim = %Key(key), volume = %pv_name, bytes = size, "volume expanded; the node grows the filesystem");
         } else {
-            self.patch_claim_status(
-                &claim,
-                json!({
-                    "capacity": {"storage": bytes_quantity(size)},
-                    "conditions": conditions(&claim, None),
-                    "allocatedResourceStatuses": {"storage": null},
-                }),
-            )
-            .await?;
+            let claim = self
+                .patch_claim_status(
+                    claim,
+                    json!({
+                        "capacity": {"storage": bytes_quantity(size)},
+                        "conditions": conditions(claim, None),
+                        "allocatedResourceStatuses": {"storage": null},
+                    }),
+                )
+                .await?;
             self.recorder.event(
                 &claim,
                 EventType::Normal,
@@ -578,8 +641,7 @@ mod tests {
             "metadata": {"name": "data", "namespace": "ns", "uid": "u1", "annotations": ann},
             "spec": {"volumeName": "pvc-u1", "resources": {"requests": {"storage": request}}},
             "status": {"phase": "Bound", "capacity": {"storage": capacity},
-                "conditions": [{"type": "Other", "status": "True"},
-                    {"type": RESIZING, "status": "True"}]}
+                "conditions": [{"type": "Other", "status": "True"}]}
         }))
         .unwrap()
     }
@@ -657,6 +719,48 @@ mod tests {
             action(&done, &volume("128Mi", "n1", None), DRIVER, "n1"),
             Action::Nothing
         );
+    }
+
+    #[test]
+    fn a_claim_left_resizing_after_its_volume_grew_gets_the_state_that_follows() {
+        let mut c = claim("128Mi", "64Mi", None);
+        c.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(PersistentVolumeClaimCondition {
+                type_: RESIZING.into(),
+                status: "True".into(),
+                ..Default::default()
+            });
+        assert_eq!(
+            action(&c, &volume("128Mi", "n1", Some("64Mi")), DRIVER, "n1"),
+            Action::Finish {
+                node_expansion: true,
+                size: 128 << 20
+            }
+        );
+        assert_eq!(
+            action(&c, &volume("128Mi", "n1", None), DRIVER, "n1"),
+            Action::Finish {
+                node_expansion: false,
+                size: 128 << 20
+            }
+        );
+        // and the conditions replaced keep the others
+        let v = conditions(
+            &c,
+            Some((FS_RESIZE_PENDING, FS_RESIZE_PENDING_MESSAGE.into())),
+        );
+        let types: Vec<&str> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["Other", FS_RESIZE_PENDING]);
     }
 
     #[test]
