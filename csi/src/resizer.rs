@@ -23,6 +23,12 @@
 //! claim with exponential back-off (1 s doubling to 5 min) either way, so a lowered request
 //! or freed space is picked up.
 //!
+//! Every step is recomputed from the objects: a claim still `Resizing` whose volume already
+//! has the request (its status update was lost to a conflict or a crash) gets the state that
+//! follows from the PV (pre-resize annotation: node expansion pending, else done), so the
+//! claim never stays `Resizing`. Claim status patches carry the resourceVersion read (a
+//! concurrent writer makes them conflict and retry rather than drop its conditions).
+//!
 //! Work is per changed object: claim events queue that claim, volume events queue the claim
 //! their claimRef names; nothing is relisted.
 
