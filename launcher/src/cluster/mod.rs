@@ -410,17 +410,23 @@ impl Cluster {
     /// every node, the controller is Ready, and every node agent has registered the driver
     /// (its CSINode lists [`CSI_DRIVER`]).
     fn deploy_csi(&self) -> Result<(), Error> {
+        self.apply("deploy/csi.yaml", CSI_MANIFEST)?;
+        self.wait_csi()
+    }
+
+    /// `kubectl apply -f -` of a manifest (`what` names it in the error).
+    fn apply(&self, what: &str, manifest: &str) -> Result<(), Error> {
         let applied = self
             .kubectl()
             .within(Duration::from_secs(60))
-            .run_with_stdin(&["apply", "-f", "-"], CSI_MANIFEST);
+            .run_with_stdin(&["apply", "-f", "-"], manifest);
         if !applied.success {
             return Err(Error::new(format!(
-                "kubectl apply deploy/csi.yaml: {}{}",
+                "kubectl apply {what}: {}{}",
                 applied.stdout, applied.stderr
             )));
         }
-        self.wait_csi()
+        Ok(())
     }
 
     /// Waits until skiff's CSI driver is Ready and registered on every node.
@@ -483,16 +489,7 @@ impl Cluster {
             cgroup_root: &crate::cgroup::v2_root(),
             log: std::env::var("SKIFF_PROXY_LOG").ok(),
         })?;
-        let r = self
-            .kubectl()
-            .within(Duration::from_secs(60))
-            .run_with_stdin(&["apply", "-f", "-"], &list.to_string());
-        if !r.success {
-            return Err(Error::new(format!(
-                "kubectl apply of deploy/proxy.yaml: {}{}",
-                r.stdout, r.stderr
-            )));
-        }
+        self.apply("deploy/proxy.yaml", &list.to_string())?;
         self.wait_proxy_daemonset()
     }
 
@@ -535,16 +532,7 @@ impl Cluster {
     /// Applies [`DNS_MANIFEST`] with kubectl and waits until the Deployment's replicas are
     /// all Ready and its Service has their endpoints.
     fn deploy_dns(&self) -> Result<(), Error> {
-        let applied = self
-            .kubectl()
-            .within(Duration::from_secs(60))
-            .run_with_stdin(&["apply", "-f", "-"], DNS_MANIFEST);
-        if !applied.success {
-            return Err(Error::new(format!(
-                "kubectl apply deploy/dns.yaml: {}{}",
-                applied.stdout, applied.stderr
-            )));
-        }
+        self.apply("deploy/dns.yaml", DNS_MANIFEST)?;
         wait_for("the skiff-dns Deployment Ready", READY_TIMEOUT, || {
             let d = self
                 .api_get("/apis/apps/v1/namespaces/kube-system/deployments/skiff-dns")
