@@ -56,6 +56,9 @@ pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 pub const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
 pub const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 pub const ANN_STORAGE_RESIZER: &str = "volume.kubernetes.io/storage-resizer";
+/// On a volume the resizer grew before its node grew the filesystem: the claim's capacity
+/// before the resize (Kubernetes' name).
+pub const PRE_RESIZE_CAPACITY: &str = "volume.alpha.kubernetes.io/pre-resize-capacity";
 /// The class annotation that preceded `storageClassName` (still honoured).
 pub const ANN_BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 /// The provisioner of classes whose volumes are only ever created by hand.
@@ -703,17 +706,37 @@ impl Binder {
                 Err(e) => return Err(e.into()),
             };
         }
-        // 4. The claim's phase, capacity and access modes, from the volume.
+        // 4. The claim's phase, capacity and access modes, from the volume. The capacity is
+        // set when the claim becomes Bound (or has none): later, a resize grows the volume
+        // before the node grows its filesystem, and the claim's capacity is what the node
+        // reports, as Kubernetes does. A volume mid-resize gives its size before the resize.
         let spec = pv.spec.clone().unwrap_or_default();
         let status = claim.status.clone().unwrap_or_default();
-        let capacity = spec.capacity.clone().unwrap_or_default();
+        let capacity = pv
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PRE_RESIZE_CAPACITY))
+            .map(|q| ApiQuantity(q.clone()))
+            .or_else(|| {
+                spec.capacity
+                    .as_ref()
+                    .and_then(|c| c.get("storage"))
+                    .cloned()
+            });
         let modes = spec.access_modes.clone().unwrap_or_default();
+        let has_capacity = status
+            .capacity
+            .as_ref()
+            .and_then(|c| c.get("storage"))
+            .is_some();
         let done = status.phase.as_deref() == Some("Bound")
-            && status.capacity.as_ref().and_then(|c| c.get("storage")) == capacity.get("storage")
+            && has_capacity
             && status.access_modes.as_deref().unwrap_or_default() == modes.as_slice();
         if !done {
             let mut patch = json!({"status": {"phase": "Bound", "accessModes": modes}});
-            if let Some(q) = capacity.get("storage") {
+            let becomes_bound = status.phase.as_deref() != Some("Bound") || !has_capacity;
+            if let Some(q) = capacity.filter(|_| becomes_bound) {
                 patch["status"]["capacity"] = json!({"storage": q});
             }
             match claims
