@@ -183,9 +183,11 @@ impl Controller {
                 .map_err(|e| io_status("reading the volume", e))?
                 .ok_or_else(|| Status::not_found(format!("no volume {id}")))?;
             if current >= size {
+                // Already this size (a retry after a lost answer, say): the filesystem may
+                // still be the old size, and growing it on the node is idempotent.
                 return Ok(csi::ControllerExpandVolumeResponse {
                     capacity_bytes: current as i64,
-                    node_expansion_required: false,
+                    node_expansion_required: true,
                 });
             }
             let available = d.store.available().map_err(|e| io_status("capacity", e))?;
