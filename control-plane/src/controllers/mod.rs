@@ -11,7 +11,8 @@
 //! (HorizontalPodAutoscalers on metrics.k8s.io), [`disruption_budget`] (PodDisruptionBudget
 //! status for evictions), [`volumeprotection`] (claims and volumes kept while in use),
 //! [`persistentvolume`] (the PersistentVolume binder: claims bound to volumes, external
-//! provisioners asked, volumes released and reclaimed);
+//! provisioners asked, volumes released and reclaimed), [`attachdetach`] (VolumeAttachments
+//! for the CSI volumes of drivers that must be attached to a pod's node);
 //! [`pods`] holds what they
 //! ask of pods; [`manager`] runs the enabled ones under leader election with health and
 //! metrics; [`flags`] are the
@@ -20,6 +21,7 @@
 //! [`run`] runs one leadership term: it builds the enabled controllers over one set of shared
 //! informers, waits for the caches to sync, and reconciles until cancelled.
 
+pub mod attachdetach;
 pub mod clusterroleaggregation;
 pub mod cronjob;
 pub mod csrapproving;
@@ -101,10 +103,11 @@ pub enum ControllerName {
     PvcProtection,
     PvProtection,
     PersistentVolumeBinder,
+    AttachDetach,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 27] = [
+    pub const ALL: [ControllerName; 28] = [
         ControllerName::Deployment,
         ControllerName::ReplicaSet,
         ControllerName::EndpointSlice,
@@ -132,6 +135,7 @@ impl ControllerName {
         ControllerName::PvcProtection,
         ControllerName::PvProtection,
         ControllerName::PersistentVolumeBinder,
+        ControllerName::AttachDetach,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -163,6 +167,7 @@ impl ControllerName {
             ControllerName::PvcProtection => "pvc-protection",
             ControllerName::PvProtection => "pv-protection",
             ControllerName::PersistentVolumeBinder => "persistentvolume-binder",
+            ControllerName::AttachDetach => "attachdetach",
         }
     }
 
@@ -196,6 +201,7 @@ impl ControllerName {
             ControllerName::PvcProtection => "persistentvolumeclaim-protection-controller",
             ControllerName::PvProtection => "persistentvolume-protection-controller",
             ControllerName::PersistentVolumeBinder => "persistentvolume-binder-controller",
+            ControllerName::AttachDetach => "persistentvolume-attach-detach-controller",
         }
     }
 }
@@ -479,6 +485,9 @@ pub async fn run(
     }
     if on(ControllerName::PersistentVolumeBinder) {
         tasks.push(Box::pin(persistentvolume::build(&ctx).run(t())));
+    }
+    if on(ControllerName::AttachDetach) {
+        tasks.push(Box::pin(attachdetach::build(&ctx).run(t())));
     }
     if on(ControllerName::TtlAfterFinished) {
         tasks.push(Box::pin(ttlafterfinished::build(&ctx).run(t())));

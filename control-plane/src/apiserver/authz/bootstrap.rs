@@ -500,6 +500,22 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
             ],
         ),
         (
+            "attachdetach-controller",
+            vec![
+                r(READ, &[""], &["persistentvolumes", "persistentvolumeclaims"]),
+                r(READ, &[""], &["nodes"]),
+                r(&["patch", "update"], &[""], &["nodes/status"]),
+                r(&["list", "watch"], &[""], &["pods"]),
+                r(
+                    &["create", "delete", "get", "list", "watch"],
+                    &["storage.k8s.io"],
+                    &["volumeattachments"],
+                ),
+                r(READ, &["storage.k8s.io"], &["csidrivers", "csinodes"]),
+                events_rule(),
+            ],
+        ),
+        (
             "persistent-volume-binder",
             vec![
                 r(
