@@ -226,9 +226,39 @@ async fn attachments_follow_the_pods_on_each_node() {
         .unwrap()
         .is_none());
 
-    // The last pod on n1 goes: detached, and n1 lists nothing attached.
+    // The last pod on n1 goes while n1 still reports the volume mounted (volumesInUse):
+    // the detach waits. A later attachment on n1 (claim u) shows the controller has moved
+    // on meanwhile.
+    let mounted =
+        json!({"status": {"volumesInUse": [format!("kubernetes.io/csi/{ATTACH}^vol-a")]}});
+    nodes
+        .patch_status("n1", &PatchParams::default(), &Patch::Merge(&mounted))
+        .await
+        .unwrap();
+    wait_until_async("n1 reports vol-a in use", WAIT, || async {
+        let n = nodes.get("n1").await.map_err(|e| e.to_string())?;
+        match n.status.and_then(|s| s.volumes_in_use) {
+            Some(v) if !v.is_empty() => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     delete_pod(&client, "default", "p2").await;
+    create_pod(&client, "default", "ps", "n1", "u").await;
+    attachment(&client, &attachment_name("vol-u", UNREGISTERED, "n1")).await;
+    assert!(
+        vas.get_opt(&name).await.unwrap().is_some(),
+        "detached while n1 still reports the volume in use"
+    );
+    // Unmounted: detached, and n1 lists nothing of pv-a attached.
+    let unmounted = json!({"status": {"volumesInUse": []}});
+    nodes
+        .patch_status("n1", &PatchParams::default(), &Patch::Merge(&unmounted))
+        .await
+        .unwrap();
     attachment_gone(&client, &name).await;
+    delete_pod(&client, "default", "ps").await;
+    attachment_gone(&client, &attachment_name("vol-u", UNREGISTERED, "n1")).await;
     wait_until_async("n1 volumesAttached empty", WAIT, || async {
         let n = nodes.get("n1").await.map_err(|e| e.to_string())?;
         let listed = n

@@ -16,6 +16,10 @@
 //! list of the cluster. The actual state is the VolumeAttachments (indexed by pair and by
 //! node); reconciling a pair creates or deletes its attachment.
 //!
+//! A volume is detached only once its node no longer reports it in `status.volumesInUse`
+//! (the kubelet's list of mounted volumes), or after [`MAX_WAIT_FOR_UNMOUNT`], as
+//! Kubernetes' reconciler does, so a volume is not pulled from under a staged mount.
+//!
 //! As Kubernetes' controller does, `Node.status.volumesAttached` lists the node's volumes
 //! whose attachment reports `attached: true` (`kubernetes.io/csi/<driver>^<volumeHandle>`),
 //! written through the node's status subresource.
@@ -23,6 +27,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{
     AttachedVolume, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
@@ -45,6 +50,10 @@ pub const NAME: &str = "attachdetach";
 pub const COMPONENT: &str = "attachdetach-controller";
 /// The prefix of a CSI volume's unique name (`kubernetes.io/csi/<driver>^<volumeHandle>`).
 pub const CSI_PLUGIN_PREFIX: &str = "kubernetes.io/csi/";
+
+/// How long a detach waits for the node to stop reporting the volume in use
+/// (kube-controller-manager's maxWaitForUnmountDuration).
+pub const MAX_WAIT_FOR_UNMOUNT: Duration = Duration::from_secs(6 * 60);
 
 /// Pods by `namespace/claim` of every claim they mount.
 const POD_BY_CLAIM: &str = "attachdetach.claims";
@@ -289,6 +298,8 @@ pub struct AttachDetach {
     client: Client,
     caches: Caches,
     recorder: Recorder,
+    /// When detaching each pair still mounted on its node was first wanted.
+    detach_wanted: Mutex<HashMap<Pair, Instant>>,
 }
 
 pub fn build(ctx: &Context) -> Controller<AttachDetach> {
@@ -412,15 +423,30 @@ pub fn build(ctx: &Context) -> Controller<AttachDetach> {
         });
     }
     {
-        let q = queue.clone();
+        let c = caches.clone();
         nodes.on_change(move |ch| {
             let listed = |n: &Node| n.status.as_ref().and_then(|s| s.volumes_attached.clone());
             match ch {
-                Change::Added(n) => q.add(Key::Node(n.name_any())),
-                Change::Updated { old, new } if listed(old) != listed(new) => {
-                    q.add(Key::Node(new.name_any()))
+                Change::Added(n) => c.queue.add(Key::Node(n.name_any())),
+                Change::Updated { old, new } => {
+                    if listed(old) != listed(new) {
+                        c.queue.add(Key::Node(new.name_any()));
+                    }
+                    // A volume the node stopped using may be detached now.
+                    let was = in_use(old);
+                    if !was.is_empty() && was != in_use(new) {
+                        let node = new.name_any();
+                        for va in c.attachments.by_index(VA_BY_NODE, &node) {
+                            if let Some((_, pv)) = va_pair(&va) {
+                                c.queue.add(Key::Volume {
+                                    node: node.clone(),
+                                    pv,
+                                });
+                            }
+                        }
+                    }
                 }
-                _ => {}
+                Change::Deleted(_) => {}
             }
         });
     }
@@ -430,11 +456,22 @@ pub fn build(ctx: &Context) -> Controller<AttachDetach> {
             client: ctx.client.clone(),
             caches,
             recorder,
+            detach_wanted: Mutex::default(),
         }),
         queue,
         4,
         ctx.metrics.clone(),
     )
+}
+
+/// The volumes a node reports mounted (`status.volumesInUse`, the kubelet's unique names).
+fn in_use(n: &Node) -> BTreeSet<String> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.volumes_in_use.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
 }
 
 fn node_ref(nodes: &Informer<Node>, name: &str) -> ObjectReference {
@@ -474,6 +511,10 @@ impl AttachDetach {
             .attachments
             .by_index(VA_BY_PAIR, &format!("{node}/{pv_name}"));
         if wanted {
+            self.detach_wanted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&pair);
             let Some(pv) = self.caches.volumes.get(&ObjectKey::cluster(pv_name)) else {
                 return Ok(Action::AwaitChange);
             };
@@ -513,6 +554,9 @@ impl AttachDetach {
                 }
             }
         } else {
+            if let Some(wait) = self.unmount_wait(&pair) {
+                return Ok(Action::RequeueAfter(wait));
+            }
             for va in existing {
                 if va.metadata.deletion_timestamp.is_some() {
                     continue;
@@ -542,6 +586,35 @@ impl AttachDetach {
             }
             Ok(Action::AwaitChange)
         }
+    }
+
+    /// How long detaching the pair must still wait: while its node reports the volume in
+    /// `status.volumesInUse` (still mounted), up to [`MAX_WAIT_FOR_UNMOUNT`] from the
+    /// moment the detach was first wanted, as Kubernetes' reconciler waits (a node that
+    /// never reports unmounting, e.g. one that is gone, does not hold the volume forever).
+    fn unmount_wait(&self, pair: &Pair) -> Option<Duration> {
+        let mut since = self.detach_wanted.lock().unwrap_or_else(|p| p.into_inner());
+        let mounted = self
+            .caches
+            .nodes
+            .get(&ObjectKey::cluster(&pair.0))
+            .zip(self.caches.volumes.get(&ObjectKey::cluster(&pair.1)))
+            .is_some_and(|(n, pv)| {
+                csi_source(&pv).is_some_and(|(d, h)| in_use(&n).contains(&unique_volume_name(d, h)))
+            });
+        if !mounted {
+            since.remove(pair);
+            return None;
+        }
+        let first = *since.entry(pair.clone()).or_insert_with(Instant::now);
+        let left = MAX_WAIT_FOR_UNMOUNT.saturating_sub(first.elapsed());
+        if left.is_zero() {
+            tracing::warn!(volume = %pair.1, node = %pair.0, "still in use after the maximum wait for unmount: detaching");
+            since.remove(pair);
+            return None;
+        }
+        tracing::debug!(volume = %pair.1, node = %pair.0, "volume still mounted: detach waits");
+        Some(left)
     }
 
     /// The node's `status.volumesAttached`: its attachments that report attached.
