@@ -868,6 +868,7 @@ fn registered(drivers: &Drivers, layout: &Layout, socket: &Path) {
         node_id: "n".into(),
         stage_unstage: true,
         volume_stats: true,
+        expand_volume: false,
         node: csi::node_client::NodeClient::new(node::cri::unix_channel(socket)),
     });
 }
@@ -896,6 +897,8 @@ async fn after_a_restart_published_volumes_are_taken_over_and_orphans_cleaned_up
         first
             .publish(ClaimVolume {
                 pod_uid: uid,
+                pod_name: uid,
+                pvc: None,
                 namespace: "default",
                 claim: "c",
                 pv,
@@ -937,6 +940,8 @@ async fn after_a_restart_published_volumes_are_taken_over_and_orphans_cleaned_up
     let path = second
         .publish(ClaimVolume {
             pod_uid: "live",
+            pod_name: "live",
+            pvc: None,
             namespace: "default",
             claim: "c",
             pv: &pv_a,
@@ -1063,6 +1068,15 @@ impl RealDriver {
                     std::ptr::null(),
                 ) != 0
                 {
+                    return fail();
+                }
+                // The root dir stays visible at its own path here (a container sees it at
+                // /var/lib/kubelet only): private, it gets none of the driver's mounts, so
+                // the driver counts each of its mounts once (it grows a filesystem only
+                // while it is mounted once, at the staging path). Its /var/lib/kubelet
+                // copy is still a peer of the agent's root dir.
+                let private = libc::MS_PRIVATE | libc::MS_REC;
+                if libc::mount(null, root.as_ptr(), null, private, std::ptr::null()) != 0 {
                     return fail();
                 }
                 Ok(())
@@ -1285,6 +1299,303 @@ async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() 
     // is asynchronous: the driver refuses while it is attached, a provisioner retries).
     let staging_dir = staging.parent().unwrap().to_path_buf();
     wait_until_async("unstaged again", T, || {
+        let (staging, dir) = (staging.clone(), staging_dir.clone());
+        async move {
+            (!mountinfo::is_mount_point(&staging) && !dir.exists())
+                .then_some(())
+                .ok_or(())
+        }
+    })
+    .await;
+    wait_until_async("the volume deleted", T, || {
+        let mut controller = controller.clone();
+        let id = volume.volume_id.clone();
+        async move {
+            controller
+                .delete_volume(csi::DeleteVolumeRequest { volume_id: id })
+                .await
+                .map(|_| ())
+                .map_err(|s| s.message().to_string())
+        }
+    })
+    .await;
+    drop(driver);
+}
+
+/// The claim's condition types now.
+async fn claim_conditions(claims: &Api<PersistentVolumeClaim>, name: &str) -> Vec<String> {
+    let claim = claims.get(name).await.unwrap();
+    claim
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect()
+}
+
+/// kubelet_volume_stats_used_bytes of claim default/grow (0 before the first pass).
+async fn used_bytes(c: &Cluster) -> u64 {
+    let body = c.kubelet_get("/metrics").await;
+    body.lines()
+        .find(|l| {
+            l.starts_with("kubelet_volume_stats_used_bytes{")
+                && l.contains("persistentvolumeclaim=\"grow\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// The (type, message) of the Events about `pod` with `reason`.
+async fn events_of(c: &Cluster, pod: &str, reason: &str) -> Vec<(String, String)> {
+    let events: Api<Event> = Api::namespaced(c.client.clone(), "default");
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter(|e| e.involved_object.name.as_deref() == Some(pod))
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .map(|e| (e.type_.unwrap_or_default(), e.message.unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Volume expansion with skiff's driver, which grows filesystems offline only: a 64Mi
+/// volume of a running pod grown to 128Mi (the test plays the resizer) is refused online
+/// (one FileSystemResizeFailed Warning, the condition stays); the next pod of the claim gets
+/// it grown (NodeExpandVolume after staging), the claim's status says 128Mi without the
+/// condition, and the pod has FileSystemResizeSuccessful.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grown_claim_gets_its_filesystem_grown_when_its_next_pod_starts() {
+    let c = Cluster::start_with("csigrow", |config| {
+        config.volume_stats_interval = Duration::from_millis(300);
+    })
+    .await;
+    c.assign_pod_cidr().await;
+    let layout = Layout::new(&c.config.data_dir);
+    let node = c.node_name();
+    let root = layout.root().canonicalize().unwrap();
+    let driver = RealDriver::start(&root, &node);
+    wait_registered(&c).await;
+
+    let socket = layout.plugins_dir().join(DRIVER).join("csi.sock");
+    let mut controller =
+        csi::controller_client::ControllerClient::new(node::cri::unix_channel(&socket));
+    let topology = csi::Topology {
+        segments: [(TOPOLOGY_KEY.to_string(), node.clone())].into(),
+    };
+    let cap = csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                mount_flags: vec![],
+                volume_mount_group: String::new(),
+            },
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let volume = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: "pvc-grow".into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 64 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap.clone()],
+            parameters: Default::default(),
+            accessibility_requirements: Some(csi::TopologyRequirement {
+                requisite: vec![topology.clone()],
+                preferred: vec![topology],
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "pvc-grow"},
+        "spec": {"capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "claimRef": {"namespace": "default", "name": "grow"},
+                 "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id, "fsType": "ext4",
+                         "volumeAttributes": volume.volume_context}}
+    }))
+    .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(c.client.clone());
+    pvs.create(&PostParams::default(), &pv).await.unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "grow"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "volumeName": "pvc-grow", "resources": {"requests": {"storage": "64Mi"}}}
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"],
+                                   "capacity": {"storage": "64Mi"}}});
+    claims
+        .patch_status("grow", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+
+    let spec = json!({"containers": [{"name": "app", "image": BUSYBOX_IMAGE,
+                       "command": ["sleep", "3600"],
+                       "volumeMounts": [{"name": "d", "mountPath": "/data"}]}],
+                      "terminationGracePeriodSeconds": 1,
+                      "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "grow"}}]});
+    c.create_pod("small", spec.clone()).await;
+    c.wait_pod("small", "small Running", running_ready).await;
+    let (code, out) = exec(&c, "small", "echo kept > /data/f && df -k /data").await;
+    assert_eq!(code, 0, "{out}");
+
+    // The resizer's part: the volume grown by the Controller service, the PV's capacity,
+    // the claim waiting for the node.
+    let grown = controller
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 128 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(grown.capacity_bytes >= 128 << 20, "{grown:?}");
+    assert!(grown.node_expansion_required, "{grown:?}");
+    pvs.patch(
+        "pvc-grow",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"capacity": {"storage": "128Mi"}}})),
+    )
+    .await
+    .unwrap();
+    let pending = json!({"status": {"conditions": [{
+        "type": "FileSystemResizePending", "status": "True",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "message": "Waiting for user to (re-)start a pod to finish file system resize of volume on node."}]}});
+    claims
+        .patch_status("grow", &PatchParams::default(), &Patch::Merge(&pending))
+        .await
+        .unwrap();
+
+    // Online, the driver refuses (the volume is published): one Warning, the claim as it is.
+    let warnings = wait_until_async("FileSystemResizeFailed on the running pod", T, || {
+        let c = &c;
+        async move {
+            let w = events_of(c, "small", "FileSystemResizeFailed").await;
+            (!w.is_empty()).then_some(w).ok_or(())
+        }
+    })
+    .await;
+    assert_eq!(warnings[0].0, "Warning");
+    assert!(warnings[0].1.contains("FailedPrecondition"), "{warnings:?}");
+    // Two more passes of the volume timer (each sees a file written after the last: the
+    // pass that saw the first has tried the expansion again before the next one starts):
+    // still one Warning, still pending.
+    for (i, mib) in [(1, 2), (2, 4)] {
+        let before = used_bytes(&c).await;
+        let (code, out) = exec(
+            &c,
+            "small",
+            &format!("dd if=/dev/zero of=/data/fill{i} bs=1M count={mib} && sync"),
+        )
+        .await;
+        assert_eq!(code, 0, "{out}");
+        wait_until_async("the volume pass sees the file", T, || {
+            let c = &c;
+            async move {
+                let now = used_bytes(c).await;
+                (now >= before + (mib << 20)).then_some(()).ok_or(now)
+            }
+        })
+        .await;
+    }
+    assert_eq!(
+        events_of(&c, "small", "FileSystemResizeFailed").await.len(),
+        1
+    );
+    assert!(claim_conditions(&claims, "grow")
+        .await
+        .contains(&"FileSystemResizePending".to_string()));
+
+    // The user starts the pod again: the new pod's setup grows the filesystem.
+    c.pods()
+        .delete("small", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until_async("small gone", T, || {
+        let pods = c.pods();
+        async move {
+            match pods.get_opt("small").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    c.create_pod("big", spec).await;
+    let pod = wait_until_async("big Running", T, || {
+        let c = &c;
+        async move {
+            let pod = c.pods().get("big").await.map_err(|e| e.to_string())?;
+            if running_ready(&pod) {
+                return Ok(pod);
+            }
+            let failed = events_of(c, "big", "FileSystemResizeFailed").await;
+            Err(format!(
+                "{:?} {failed:?}",
+                failed_mount_messages(c, "big").await
+            ))
+        }
+    })
+    .await;
+    let uid = pod.metadata.uid.unwrap();
+    let target = layout.csi_publish_dir(&uid, "pvc-grow").join("mount");
+    let fs = nix::sys::statvfs::statvfs(&target).unwrap();
+    let size = fs.blocks() as u64 * fs.fragment_size() as u64;
+    assert!(size >= 128 << 20, "the filesystem has {size} bytes");
+    let (code, out) = exec(&c, "big", "cat /data/f && df -k /data").await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("kept"), "{out}");
+
+    let claim = claims.get("grow").await.unwrap();
+    let status = claim.status.unwrap();
+    assert_eq!(status.capacity.unwrap()["storage"].0, "128Mi");
+    assert!(
+        !status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "FileSystemResizePending"),
+        "the condition is gone"
+    );
+    let ok = events_of(&c, "big", "FileSystemResizeSuccessful").await;
+    assert_eq!(
+        ok,
+        vec![(
+            "Normal".to_string(),
+            format!("MountVolume.NodeExpandVolume succeeded for volume \"pvc-grow\" {node}")
+        )]
+    );
+
+    c.pods()
+        .delete("big", &DeleteParams::default())
+        .await
+        .unwrap();
+    let staging = layout
+        .csi_staging_dir(DRIVER, &volume.volume_id)
+        .join("globalmount");
+    let staging_dir = staging.parent().unwrap().to_path_buf();
+    wait_until_async("unstaged", T, || {
         let (staging, dir) = (staging.clone(), staging_dir.clone());
         async move {
             (!mountinfo::is_mount_point(&staging) && !dir.exists())

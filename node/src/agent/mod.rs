@@ -210,12 +210,15 @@ impl RunningAgent {
         let services = services::ServiceCache::default();
         let shutdown = CancellationToken::new();
         let drivers = crate::csi::Drivers::default();
-        let csi = Arc::new(crate::csi::CsiVolumes::new(
-            layout.clone(),
-            drivers.clone(),
-            metrics.clone(),
-            shutdown.clone(),
-        ));
+        let csi = Arc::new(
+            crate::csi::CsiVolumes::new(
+                layout.clone(),
+                drivers.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+            )
+            .with_api(client.clone(), config.name.to_string()),
+        );
         // Before any pod worker: what is published stays published (restart takeover).
         csi.rebuild();
         let ctx = Arc::new(NodeContext {

@@ -8,6 +8,7 @@
 //!   node's pods (one operation in flight per volume handle) and their inverses, the table of
 //!   published volumes rebuilt from the mount table after a restart, orphan cleanup, and
 //!   NodeGetVolumeStats into the kubelet's volume metrics.
+//! - `expand`: the node's half of volume expansion (NodeExpandVolume, the claim marked resized).
 //! - `mountinfo`: the mount table parser.
 //!
 //! Paths handed to drivers and endpoints registered by them are in the kubelet's form
@@ -15,6 +16,7 @@
 //! [`Layout::kubelet_path`]: several agents share one machine, and drivers run in containers
 //! that mount the agent's root dir at `/var/lib/kubelet`.
 
+pub mod expand;
 pub mod mountinfo;
 pub mod plugins;
 pub mod volumes;
@@ -41,6 +43,9 @@ pub struct Driver {
     pub stage_unstage: bool,
     /// GET_VOLUME_STATS: NodeGetVolumeStats is served.
     pub volume_stats: bool,
+    /// EXPAND_VOLUME: NodeExpandVolume grows a volume's filesystem on the node (else a grown
+    /// volume's claim is marked resized without asking the driver, as the kubelet does).
+    pub expand_volume: bool,
     pub node: csi::node_client::NodeClient<Channel>,
 }
 
@@ -52,6 +57,7 @@ impl std::fmt::Debug for Driver {
             .field("node_id", &self.node_id)
             .field("stage_unstage", &self.stage_unstage)
             .field("volume_stats", &self.volume_stats)
+            .field("expand_volume", &self.expand_volume)
             .finish()
     }
 }

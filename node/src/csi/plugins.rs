@@ -278,6 +278,7 @@ impl PluginWatch {
             node_id: got.node_id,
             stage_unstage: has(csi::node_service_capability::rpc::Type::StageUnstageVolume),
             volume_stats: has(csi::node_service_capability::rpc::Type::GetVolumeStats),
+            expand_volume: has(csi::node_service_capability::rpc::Type::ExpandVolume),
             node,
         };
         info!(driver = ?driver, socket = %socket.display(), "CSI driver registered");

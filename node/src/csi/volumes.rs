@@ -14,10 +14,11 @@
 //! NodeGetVolumeStats runs on its own timer for every published volume and feeds the
 //! kubelet's `kubelet_volume_stats_*` metrics, labelled by namespace and claim.
 
-use super::{driver_not_found, kubelet_form, mountinfo, Drivers};
+use super::expand::{resize_target, ExpandApi, PodOf, RESIZE_FAILED, RESIZE_SUCCESSFUL};
+use super::{driver_not_found, kubelet_form, mountinfo, Driver, Drivers};
 use crate::layout::Layout;
 use crate::metrics::Metrics;
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde::{Deserialize, Serialize};
 use skiff_csi::proto::csi::v1 as csi;
 use std::collections::{HashMap, HashSet};
@@ -52,6 +53,9 @@ pub struct VolData {
     pub namespace: String,
     #[serde(default)]
     pub claim_name: String,
+    /// The pod's name (its Events about the volume; absent in records of older agents).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_name: String,
 }
 
 /// One volume published (or being published) into one pod.
@@ -82,13 +86,19 @@ struct State {
     sweeping: bool,
     /// (namespace, claim) series the volume metrics have.
     series: HashSet<(String, String)>,
+    /// (pod uid, PV name) -> the last online expansion failure reported for it (one Warning
+    /// per different failure, not one per pass).
+    expand_warned: HashMap<(String, String), String>,
 }
 
 /// A claim volume of a pod to publish.
 pub struct ClaimVolume<'a> {
     pub pod_uid: &'a str,
+    pub pod_name: &'a str,
     pub namespace: &'a str,
     pub claim: &'a str,
+    /// The claim as read for this setup: whether its volume must be grown first.
+    pub pvc: Option<&'a PersistentVolumeClaim>,
     pub pv: &'a PersistentVolume,
     /// The pod's volume says readOnly: published read-only.
     pub readonly: bool,
@@ -104,6 +114,8 @@ pub struct CsiVolumes {
     /// never overlap.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     state: Mutex<State>,
+    /// Claim status and Events of volume expansion (none: volumes are never grown here).
+    api: Option<ExpandApi>,
 }
 
 /// A gRPC failure as the kubelet words it (Go's `rpc error: code = X desc = Y`).
@@ -201,7 +213,18 @@ impl CsiVolumes {
             stop,
             locks: Mutex::new(HashMap::new()),
             state: Mutex::new(State::default()),
+            api: None,
         }
+    }
+
+    /// Volumes grown by the resizer are grown on this node too (NodeExpandVolume), the
+    /// claims updated through `client` as the kubelet of `node`.
+    pub fn with_api(mut self, client: kube::Client, node: impl Into<String>) -> CsiVolumes {
+        self.api = Some(ExpandApi {
+            client,
+            node: node.into(),
+        });
+        self
     }
 
     pub fn drivers(&self) -> &Drivers {
@@ -331,6 +354,7 @@ impl CsiVolumes {
             pod_uid: c.pod_uid.to_string(),
             namespace: c.namespace.to_string(),
             claim_name: c.claim.to_string(),
+            pod_name: c.pod_name.to_string(),
         };
         write_vol_data(&dir, &data)?;
         std::fs::create_dir_all(&target).map_err(|e| e.to_string())?;
@@ -350,6 +374,7 @@ impl CsiVolumes {
                 pod_uid: String::new(),
                 namespace: String::new(),
                 claim_name: String::new(),
+                pod_name: String::new(),
             };
             write_vol_data(&staging, &data)?;
             std::fs::create_dir_all(&staging_target).map_err(|e| e.to_string())?;
@@ -379,6 +404,50 @@ impl CsiVolumes {
                 s.done = true;
             }
             info!(driver = %driver.name, %handle, pv = %pv_name, "volume staged");
+        }
+        if let (Some(pvc), Some(api)) = (c.pvc, &self.api) {
+            if let Some((bytes, quantity)) = resize_target(c.pv, pvc) {
+                let pod = PodOf {
+                    namespace: c.namespace,
+                    name: c.pod_name,
+                    uid: c.pod_uid,
+                };
+                // Staged, not yet published for this pod: the driver's offline expansion
+                // (the staging path when it stages, else the publish path).
+                let path = if driver.stage_unstage {
+                    &staging_target
+                } else {
+                    &target
+                };
+                let others = self
+                    .state()
+                    .published
+                    .iter()
+                    .any(|(k, p)| *k != key && p.mounted && p.data.volume_handle == handle);
+                match self
+                    .node_expand(&driver, &handle, path, &staging_target, bytes, &capability)
+                    .await
+                {
+                    Ok(()) => {
+                        api.mark_resized(pvc, &quantity).await?;
+                        info!(pv = %pv_name, %quantity, "volume's filesystem expanded");
+                        api.event(&pod, false, RESIZE_SUCCESSFUL, api.succeeded(&pv_name))
+                            .await;
+                    }
+                    // Published for another pod already: a driver growing offline only
+                    // refuses; this pod uses the volume as it is (the online pass tries
+                    // again, the claim keeps its condition).
+                    Err((tonic::Code::FailedPrecondition, e)) if others => {
+                        api.event(&pod, true, RESIZE_FAILED, api.failed(&pv_name, &e))
+                            .await;
+                    }
+                    Err((_, e)) => {
+                        let message = api.failed(&pv_name, &e);
+                        api.event(&pod, true, RESIZE_FAILED, message.clone()).await;
+                        return Err(message);
+                    }
+                }
+            }
         }
         let req = csi::NodePublishVolumeRequest {
             volume_id: handle.clone(),
@@ -470,6 +539,7 @@ impl CsiVolumes {
         let still_used = {
             let mut state = self.state();
             state.published.remove(&key);
+            state.expand_warned.remove(&key);
             state
                 .published
                 .values()
@@ -711,7 +781,8 @@ impl CsiVolumes {
         }
     }
 
-    /// Collects volume stats every `every` until the agent stops.
+    /// Collects volume stats (and grows the filesystems of published volumes whose claims
+    /// wait for it) every `every` until the agent stops.
     pub async fn stats_loop(self: Arc<Self>, every: Duration) {
         loop {
             tokio::select! {
@@ -719,6 +790,150 @@ impl CsiVolumes {
                 _ = self.stop.cancelled() => return,
             }
             self.collect_stats().await;
+            self.expand_published().await;
+        }
+    }
+
+    /// NodeExpandVolume, `capacity` bytes required; errors with their gRPC code.
+    async fn node_expand(
+        &self,
+        driver: &Driver,
+        handle: &str,
+        volume_path: &Path,
+        staging_target: &Path,
+        capacity: i64,
+        capability: &csi::VolumeCapability,
+    ) -> Result<(), (tonic::Code, String)> {
+        if !driver.expand_volume {
+            return Ok(()); // nothing for the node to do: the volume has its size
+        }
+        let req = csi::NodeExpandVolumeRequest {
+            volume_id: handle.to_string(),
+            volume_path: kubelet_form(&self.layout, volume_path),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: capacity,
+                limit_bytes: 0,
+            }),
+            staging_target_path: if driver.stage_unstage {
+                kubelet_form(&self.layout, staging_target)
+            } else {
+                String::new()
+            },
+            volume_capability: Some(capability.clone()),
+        };
+        let mut node = driver.node.clone();
+        match tokio::time::timeout(MOUNT_TIMEOUT, node.node_expand_volume(req)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(s)) => Err((s.code(), rpc("NodeExpandVolume", &s))),
+            Err(_) => Err((
+                tonic::Code::DeadlineExceeded,
+                format!("NodeExpandVolume failed: timed out after {MOUNT_TIMEOUT:?}"),
+            )),
+        }
+    }
+
+    /// Online expansion: every volume published for a pod whose claim waits for its
+    /// filesystem to grow is offered to its driver. A refusal (FailedPrecondition from a
+    /// driver growing offline only) leaves the claim as it is, until the pod is started
+    /// again; each different failure is reported once.
+    pub async fn expand_published(&self) {
+        let Some(api) = &self.api else { return };
+        let volumes: Vec<VolData> = {
+            let state = self.state();
+            let mut v: Vec<VolData> = state
+                .published
+                .values()
+                .filter(|p| p.mounted && !p.data.pod_name.is_empty())
+                .map(|p| p.data.clone())
+                .collect();
+            v.sort_by(|a, b| (&a.pod_uid, &a.spec_vol_id).cmp(&(&b.pod_uid, &b.spec_vol_id)));
+            v
+        };
+        for data in volumes {
+            let key = (data.pod_uid.clone(), data.spec_vol_id.clone());
+            let pvc = match api.claim(&data.namespace, &data.claim_name).await {
+                Ok(Some(pvc)) => pvc,
+                Ok(None) => continue,
+                Err(e) => {
+                    debug!(claim = %data.claim_name, error = %e, "reading a claim to expand");
+                    continue;
+                }
+            };
+            let pv = match api.volume(&data.spec_vol_id).await {
+                Ok(Some(pv)) => pv,
+                Ok(None) => continue,
+                Err(e) => {
+                    debug!(pv = %data.spec_vol_id, error = %e, "reading a volume to expand");
+                    continue;
+                }
+            };
+            let Some((bytes, quantity)) = resize_target(&pv, &pvc) else {
+                self.state().expand_warned.remove(&key);
+                continue;
+            };
+            let Some(driver) = self.drivers.get(&data.driver_name) else {
+                continue;
+            };
+            let Ok(capability) = volume_capability(&pv) else {
+                continue;
+            };
+            let lock = self.lock_of(&data.volume_handle);
+            let _held = lock.lock().await;
+            if !self.state().published.get(&key).is_some_and(|p| p.mounted) {
+                continue; // unpublished meanwhile
+            }
+            let target = self
+                .layout
+                .csi_publish_dir(&data.pod_uid, &data.spec_vol_id)
+                .join("mount");
+            let staging = self
+                .layout
+                .csi_staging_dir(&driver.name, &data.volume_handle)
+                .join("globalmount");
+            let pod = PodOf {
+                namespace: &data.namespace,
+                name: &data.pod_name,
+                uid: &data.pod_uid,
+            };
+            match self
+                .node_expand(
+                    &driver,
+                    &data.volume_handle,
+                    &target,
+                    &staging,
+                    bytes,
+                    &capability,
+                )
+                .await
+            {
+                Ok(()) => {
+                    if let Err(e) = api.mark_resized(&pvc, &quantity).await {
+                        warn!(claim = %data.claim_name, error = %e, "marking a claim resized");
+                        continue;
+                    }
+                    self.state().expand_warned.remove(&key);
+                    info!(pv = %data.spec_vol_id, %quantity, "published volume's filesystem expanded");
+                    api.event(
+                        &pod,
+                        false,
+                        RESIZE_SUCCESSFUL,
+                        api.succeeded(&data.spec_vol_id),
+                    )
+                    .await;
+                }
+                Err((code, e)) => {
+                    let message = api.failed(&data.spec_vol_id, &e);
+                    let new = self
+                        .state()
+                        .expand_warned
+                        .insert(key.clone(), message.clone())
+                        .is_none_or(|old| old != message);
+                    debug!(pv = %data.spec_vol_id, ?code, error = %e, "online expansion");
+                    if new {
+                        api.event(&pod, true, RESIZE_FAILED, message).await;
+                    }
+                }
+            }
         }
     }
 }

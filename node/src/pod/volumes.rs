@@ -122,9 +122,16 @@ pub async fn prepare(
             if !src.read_only.unwrap_or(false) {
                 access = Access::ReadWrite;
             }
-            claim_volume(uid, ns, &src.claim_name, src.read_only, objects, csi)
-                .await
-                .map_err(|e| err(&v.name, e))?
+            claim_volume(
+                (uid, pod.metadata.name.as_deref().unwrap_or_default()),
+                ns,
+                &src.claim_name,
+                src.read_only,
+                objects,
+                csi,
+            )
+            .await
+            .map_err(|e| err(&v.name, e))?
         } else if v.csi.is_some() {
             return Err(err(
                 &v.name,
@@ -173,7 +180,7 @@ pub async fn prepare(
 /// A claim's volume: the claim must be Bound, its PV a CSI volume of a driver registered
 /// here; staged and published into the pod, the published directory is what containers mount.
 async fn claim_volume(
-    pod_uid: &str,
+    (pod_uid, pod_name): (&str, &str),
     ns: &str,
     claim_name: &str,
     read_only: Option<bool>,
@@ -202,8 +209,10 @@ async fn claim_volume(
     let csi = csi.ok_or("persistent volumes are not supported on this node")?;
     csi.publish(ClaimVolume {
         pod_uid,
+        pod_name,
         namespace: ns,
         claim: claim_name,
+        pvc: Some(&claim),
         pv: &pv,
         readonly: read_only.unwrap_or(false),
     })
