@@ -475,6 +475,54 @@ mod tests {
     }
 
     #[test]
+    fn a_node_may_write_the_status_of_its_pods_claims_only() {
+        let mut graph = Graph::default();
+        graph.set_pod("/p/a", &pod("a", "n1"));
+        let authz = NodeAuthorizer {
+            pods: Mutex::new(None),
+            graph: RwLock::new(graph),
+            rules: super::super::bootstrap::node_rules(),
+        };
+        let user = UserInfo::new("system:node:n1", &[NODES_GROUP]);
+        let other = UserInfo::new("system:node:n2", &[NODES_GROUP]);
+        let claim = |verb: &str, name: &str, sub: &str| Attributes {
+            verb: verb.into(),
+            target: Target::Resource(ResourceAttributes {
+                namespace: "default".into(),
+                resource: "persistentvolumeclaims".into(),
+                subresource: sub.into(),
+                name: name.into(),
+                ..Default::default()
+            }),
+        };
+        // The kubelet's half of volume expansion: capacity and conditions of its pods' claims.
+        for verb in ["patch", "update"] {
+            assert_eq!(
+                authz.authorize(&user, &claim(verb, "data", "status")),
+                Decision::Allow,
+                "{verb}"
+            );
+            assert_ne!(
+                authz.authorize(&user, &claim(verb, "other", "status")),
+                Decision::Allow
+            );
+            assert_ne!(
+                authz.authorize(&other, &claim(verb, "data", "status")),
+                Decision::Allow
+            );
+            // The claim itself (its spec) is not the node's to change.
+            assert_ne!(
+                authz.authorize(&user, &claim(verb, "data", "")),
+                Decision::Allow
+            );
+        }
+        assert_eq!(
+            authz.authorize(&user, &claim("get", "data", "")),
+            Decision::Allow
+        );
+    }
+
+    #[test]
     fn node_identity_needs_the_name_and_the_group() {
         assert_eq!(
             node_identity(&UserInfo::new("system:node:n1", &[NODES_GROUP])),
