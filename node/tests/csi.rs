@@ -32,6 +32,39 @@ const TOPOLOGY_KEY: &str = "topology.local.csi.skiff.io/node";
 // ---------------------------------------------------------------- unit: paths, mountinfo
 
 #[test]
+fn a_claim_needs_its_filesystem_grown_when_pending_or_smaller_than_its_resized_volume() {
+    use node::csi::expand::resize_target;
+    let pv: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "v"},
+                                      "spec": {"capacity": {"storage": "128Mi"}}}))
+    .unwrap();
+    let claim = |annotated: bool, capacity: &str, pending: Option<&str>| {
+        let mut c = json!({"metadata": {"name": "c"},
+                           "status": {"capacity": {"storage": capacity}}});
+        if annotated {
+            c["metadata"]["annotations"] = json!({"volume.kubernetes.io/storage-resizer": DRIVER});
+        }
+        if let Some(status) = pending {
+            c["status"]["conditions"] =
+                json!([{"type": "FileSystemResizePending", "status": status}]);
+        }
+        serde_json::from_value::<PersistentVolumeClaim>(c).unwrap()
+    };
+    let want = Some((128i64 << 20, "128Mi".to_string()));
+    assert_eq!(
+        resize_target(&pv, &claim(false, "64Mi", Some("True"))),
+        want
+    );
+    assert_eq!(resize_target(&pv, &claim(true, "64Mi", None)), want);
+    // 128Mi written otherwise is the same size: nothing to grow.
+    assert_eq!(resize_target(&pv, &claim(true, "134217728", None)), None);
+    assert_eq!(resize_target(&pv, &claim(false, "64Mi", None)), None);
+    assert_eq!(
+        resize_target(&pv, &claim(false, "64Mi", Some("False"))),
+        None
+    );
+}
+
+#[test]
 fn kubelet_paths_map_to_the_agents_root_and_back() {
     let l = Layout::new("/tmp/skn-x/node");
     assert_eq!(
