@@ -8,7 +8,7 @@ mod common;
 
 use common::cluster::{running_ready, Cluster, T};
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use node::csi::mountinfo;
 use node::csi::volumes::{ClaimVolume, CsiVolumes};
@@ -461,6 +461,31 @@ impl TestDriver {
 
 // ---------------------------------------------------------------- through the API
 
+/// The driver's CSIDriver object, as deploy/csi.yaml installs it for skiff's driver
+/// (`attach_required` false) or as a driver whose volumes must be attached has it.
+async fn create_csidriver(c: &Cluster, attach_required: bool) {
+    let d: CSIDriver = serde_json::from_value(json!({
+        "metadata": {"name": DRIVER},
+        "spec": {"attachRequired": attach_required, "podInfoOnMount": false,
+                 "volumeLifecycleModes": ["Persistent"]}
+    }))
+    .unwrap();
+    Api::<CSIDriver>::all(c.client.clone())
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+}
+
+async fn volumes_in_use(c: &Cluster) -> Vec<String> {
+    Api::<Node>::all(c.client.clone())
+        .get(&c.node_name())
+        .await
+        .ok()
+        .and_then(|n| n.status)
+        .and_then(|s| s.volumes_in_use)
+        .unwrap_or_default()
+}
+
 async fn failed_mount_messages(c: &Cluster, pod: &str) -> Vec<String> {
     let events: Api<Event> = Api::namespaced(c.client.clone(), "default");
     events
@@ -511,6 +536,7 @@ async fn a_registered_driver_stages_publishes_and_tears_down_a_claim_of_a_pod() 
     })
     .await;
     c.assign_pod_cidr().await;
+    create_csidriver(&c, false).await;
     let layout = Layout::new(&c.config.data_dir);
     let node = c.node_name();
 
@@ -1190,6 +1216,7 @@ async fn wait_registered(c: &Cluster) {
 async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() {
     let c = Cluster::start("csireal").await;
     c.assign_pod_cidr().await;
+    create_csidriver(&c, false).await;
     let layout = Layout::new(&c.config.data_dir);
     let node = c.node_name();
     let root = layout.root().canonicalize().unwrap();
@@ -1409,6 +1436,7 @@ async fn a_grown_claim_gets_its_filesystem_grown_when_its_next_pod_starts() {
     })
     .await;
     c.assign_pod_cidr().await;
+    create_csidriver(&c, false).await;
     let layout = Layout::new(&c.config.data_dir);
     let node = c.node_name();
     let root = layout.root().canonicalize().unwrap();
@@ -1650,4 +1678,165 @@ async fn a_grown_claim_gets_its_filesystem_grown_when_its_next_pod_starts() {
     })
     .await;
     drop(driver);
+}
+
+// ---------------------------------------------------------------- attach required
+
+/// A driver whose CSIDriver says attachRequired: the pod waits (FailedMount with the
+/// kubelet's AttachVolume message, nothing staged) until the volume's VolumeAttachment
+/// (`csi-<sha256(handle + driver + node)>`) says attached; its attachmentMetadata is the
+/// publish_context of stage and publish; Node.status.volumesInUse lists the volume while the
+/// pod runs and not once it is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_that_must_be_attached_waits_for_its_volume_attachment() {
+    use sha2::{Digest, Sha256};
+    let c = Cluster::start_with("csiattach", |config| {
+        config.volume_stats_interval = Duration::from_millis(500);
+    })
+    .await;
+    c.assign_pod_cidr().await;
+    create_csidriver(&c, true).await;
+    let layout = Layout::new(&c.config.data_dir);
+    let node = c.node_name();
+    let driver = TestDriver::start(&layout, &node, c.scratch().join("disks"));
+    let csinodes: Api<CSINode> = Api::all(c.client.clone());
+    wait_until_async("CSINode with the driver", T, || {
+        let csinodes = csinodes.clone();
+        let node = node.clone();
+        async move {
+            let n = csinodes.get(&node).await.map_err(|e| e.to_string())?;
+            n.spec
+                .drivers
+                .iter()
+                .any(|d| d.name == DRIVER)
+                .then_some(())
+                .ok_or(format!("{:?}", n.spec.drivers))
+        }
+    })
+    .await;
+
+    let pv_name = "pv-attach";
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "claimRef": {"namespace": "default", "name": "att"},
+                 "csi": {"driver": DRIVER, "volumeHandle": "vol-att", "fsType": "ext4"}}
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(c.client.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "att"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "volumeName": pv_name, "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let bound = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"],
+                                  "capacity": {"storage": "1Gi"}}});
+    claims
+        .patch_status("att", &PatchParams::default(), &Patch::Merge(&bound))
+        .await
+        .unwrap();
+
+    c.create_pod(
+        "attpod",
+        json!({"containers": [{"name": "app", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"],
+               "volumeMounts": [{"name": "d", "mountPath": "/data"}]}],
+               "terminationGracePeriodSeconds": 1,
+               "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "att"}}]}),
+    )
+    .await;
+    let msg = wait_until_async("FailedMount: not attached", T, || {
+        let c = &c;
+        async move {
+            let m = failed_mount_messages(c, "attpod").await;
+            m.iter()
+                .find(|m| m.contains("AttachVolume.Attach failed for volume \"pv-attach\""))
+                .cloned()
+                .ok_or(m)
+        }
+    })
+    .await;
+    assert!(
+        msg.contains("volume pv-attach is not attached yet"),
+        "{msg}"
+    );
+    assert!(driver.calls.of("NodeStageVolume").is_empty());
+
+    // The attacher's part: the attachment the controller names, then attached.
+    let mut h = Sha256::new();
+    h.update(b"vol-att");
+    h.update(DRIVER.as_bytes());
+    h.update(node.as_bytes());
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let va_name = format!("csi-{hex}");
+    let vas: Api<VolumeAttachment> = Api::all(c.client.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": va_name},
+        "spec": {"attacher": DRIVER, "nodeName": node,
+                 "source": {"persistentVolumeName": pv_name}}
+    }))
+    .unwrap();
+    vas.create(&PostParams::default(), &va).await.unwrap();
+    // Created, not yet attached: still waiting.
+    wait_until_async("FailedMount: attachment not attached", T, || {
+        let c = &c;
+        async move {
+            let m = failed_mount_messages(c, "attpod").await;
+            m.iter()
+                .any(|m| m.contains("(volumeattachment csi-"))
+                .then_some(())
+                .ok_or(m)
+        }
+    })
+    .await;
+    assert!(driver.calls.of("NodeStageVolume").is_empty());
+    let attached = json!({"status": {"attached": true,
+                                     "attachmentMetadata": {"devicePath": "/dev/fake0"}}});
+    vas.patch_status(&va_name, &PatchParams::default(), &Patch::Merge(&attached))
+        .await
+        .unwrap();
+    c.wait_pod("attpod", "the attached volume's pod Running", running_ready)
+        .await;
+    let context = |m: &std::collections::HashMap<String, String>| m.get("devicePath").cloned();
+    let stage = driver.stages.lock().unwrap()[0].clone();
+    assert_eq!(
+        context(&stage.publish_context).as_deref(),
+        Some("/dev/fake0")
+    );
+    let publish = driver.publishes.lock().unwrap()[0].clone();
+    assert_eq!(
+        context(&publish.publish_context).as_deref(),
+        Some("/dev/fake0")
+    );
+
+    let unique = format!("kubernetes.io/csi/{DRIVER}^vol-att");
+    wait_until_async("volumesInUse lists the volume", T, || {
+        let c = &c;
+        let unique = unique.clone();
+        async move {
+            let v = volumes_in_use(c).await;
+            (v == vec![unique]).then_some(()).ok_or(v)
+        }
+    })
+    .await;
+
+    c.pods()
+        .delete("attpod", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until_async("volumesInUse empty after the pod", T, || {
+        let c = &c;
+        async move {
+            let v = volumes_in_use(c).await;
+            v.is_empty().then_some(()).ok_or(v)
+        }
+    })
+    .await;
+    assert_eq!(driver.calls.of("NodeUnstageVolume").len(), 1);
 }

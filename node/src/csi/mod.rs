@@ -6,8 +6,9 @@
 //!   NotifyRegistrationStatus. Known drivers live in [`Drivers`], shared with the volume code.
 //! - `volumes`: NodeStageVolume / NodePublishVolume for the PersistentVolumeClaims of the
 //!   node's pods (one operation in flight per volume handle) and their inverses, the table of
-//!   published volumes rebuilt from the mount table after a restart, orphan cleanup, and
-//!   NodeGetVolumeStats into the kubelet's volume metrics.
+//!   published volumes rebuilt from the mount table after a restart, orphan cleanup,
+//!   NodeGetVolumeStats into the kubelet's volume metrics, the wait for a VolumeAttachment
+//!   of drivers that attach, and the Node's `status.volumesInUse`.
 //! - `expand`: the node's half of volume expansion (NodeExpandVolume, the claim marked resized).
 //! - `mountinfo`: the mount table parser.
 //!

@@ -11,6 +11,12 @@
 //! and a volume already published is not published again); volumes of pods deleted while the
 //! agent was down are unpublished and unstaged once the pods are listed ([`CsiVolumes::orphans`]).
 //!
+//! A volume whose driver must attach it (CSIDriver `attachRequired`, or no CSIDriver) is
+//! staged only once its VolumeAttachment for this node says attached (the attach/detach
+//! controller creates it, the driver's attacher attaches); its attachmentMetadata is the
+//! publish_context of NodeStageVolume and NodePublishVolume. The volumes staged or published
+//! here are the Node's `status.volumesInUse`, which the controller waits on to detach.
+//!
 //! NodeGetVolumeStats runs on its own timer for every published volume and feeds the
 //! kubelet's `kubelet_volume_stats_*` metrics, labelled by namespace and claim.
 
@@ -18,8 +24,11 @@ use super::expand::{resize_target, ExpandApi, PodOf, RESIZE_FAILED, RESIZE_SUCCE
 use super::{driver_not_found, kubelet_form, mountinfo, Driver, Drivers};
 use crate::layout::Layout;
 use crate::metrics::Metrics;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use skiff_csi::proto::csi::v1 as csi;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -114,8 +123,29 @@ pub struct CsiVolumes {
     /// never overlap.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     state: Mutex<State>,
-    /// Claim status and Events of volume expansion (none: volumes are never grown here).
+    /// Claim status and Events of volume expansion, the attachments waited for and the
+    /// Node's volumesInUse (none: volumes are never grown, attached or reported here).
     api: Option<ExpandApi>,
+    /// The volumesInUse last written to the Node (none: not yet, or the write failed).
+    in_use_reported: tokio::sync::Mutex<Option<Vec<String>>>,
+}
+
+/// Kubernetes' VolumeAttachment name for a volume on a node: `csi-` and the sha256 (hex) of
+/// the volume handle, the driver and the node name, concatenated (the attach/detach
+/// controller's name for it).
+pub fn attachment_name(volume_handle: &str, driver: &str, node: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(volume_handle.as_bytes());
+    h.update(driver.as_bytes());
+    h.update(node.as_bytes());
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("csi-{hex}")
+}
+
+/// The unique name of a CSI volume in `Node.status.volumesInUse`
+/// (`kubernetes.io/csi/<driver>^<volumeHandle>`), as the kubelet writes it.
+pub fn unique_volume_name(driver: &str, volume_handle: &str) -> String {
+    format!("kubernetes.io/csi/{driver}^{volume_handle}")
 }
 
 /// A gRPC failure as the kubelet words it (Go's `rpc error: code = X desc = Y`).
@@ -214,6 +244,7 @@ impl CsiVolumes {
             locks: Mutex::new(HashMap::new()),
             state: Mutex::new(State::default()),
             api: None,
+            in_use_reported: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -249,6 +280,112 @@ impl CsiVolumes {
         let mut v: Vec<_> = self.state().published.keys().cloned().collect();
         v.sort();
         v
+    }
+
+    /// The node's volumes in use (staged, or published or being published for a pod), as
+    /// `Node.status.volumesInUse` lists them: sorted unique names.
+    pub fn in_use(&self) -> Vec<String> {
+        let state = self.state();
+        let mut v: Vec<String> = state
+            .published
+            .values()
+            .map(|p| unique_volume_name(&p.data.driver_name, &p.data.volume_handle))
+            .chain(
+                state
+                    .staged
+                    .iter()
+                    .map(|(h, s)| unique_volume_name(&s.driver, h)),
+            )
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Writes [`Self::in_use`] to the Node's status when it differs from what was last
+    /// written (only that field: the agent's status updates leave it alone). The attach/detach
+    /// controller detaches a volume only once the node stops listing it, so a volume is
+    /// listed before it is staged and until it is unstaged. A failed write is tried again by
+    /// the next call (the volume timer calls it too).
+    pub async fn report_in_use(&self) {
+        let Some(api) = &self.api else { return };
+        let mut last = self.in_use_reported.lock().await;
+        let now = self.in_use();
+        if last.as_ref() == Some(&now) {
+            return;
+        }
+        let list = if now.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!(now)
+        };
+        let patch = serde_json::json!({"status": {"volumesInUse": list}});
+        match Api::<Node>::all(api.client.clone())
+            .patch_status(&api.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                debug!(volumes = ?now, "volumesInUse written");
+                *last = Some(now);
+            }
+            Err(e) => {
+                warn!(error = %e, "writing the node's volumesInUse failed");
+                *last = None;
+            }
+        }
+    }
+
+    /// The publish_context of a volume on this node: when its driver must attach it (its
+    /// CSIDriver says attachRequired, or it has none, as Kubernetes reads it), its
+    /// VolumeAttachment must say attached, and its attachmentMetadata is the context; else
+    /// empty. Not attached (yet): the kubelet's message, and the pod's setup is retried.
+    async fn attachment(
+        &self,
+        driver: &str,
+        handle: &str,
+        pv: &str,
+    ) -> Result<HashMap<String, String>, String> {
+        let Some(api) = &self.api else {
+            return Ok(HashMap::new());
+        };
+        let fail = |why: String| format!("AttachVolume.Attach failed for volume {pv:?} : {why}");
+        let required = match Api::<CSIDriver>::all(api.client.clone())
+            .get_opt(driver)
+            .await
+        {
+            Ok(Some(d)) => d.spec.attach_required.unwrap_or(true),
+            Ok(None) => true,
+            Err(e) => return Err(fail(format!("reading CSIDriver {driver}: {e}"))),
+        };
+        if !required {
+            return Ok(HashMap::new());
+        }
+        let name = attachment_name(handle, driver, &api.node);
+        let va = Api::<VolumeAttachment>::all(api.client.clone())
+            .get_opt(&name)
+            .await
+            .map_err(|e| fail(format!("reading volumeattachment {name}: {e}")))?;
+        let Some(va) = va else {
+            return Err(fail(format!(
+                "volumeattachment {name} not found: volume {pv} is not attached yet"
+            )));
+        };
+        let status = va.status.unwrap_or_default();
+        if !status.attached {
+            let why = status
+                .attach_error
+                .and_then(|e| e.message)
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default();
+            return Err(fail(format!(
+                "volume {pv} is not attached yet (volumeattachment {name}){why}"
+            )));
+        }
+        Ok(status
+            .attachment_metadata
+            .unwrap_or_default()
+            .into_iter()
+            .collect())
     }
 
     /// The volume handles staged now.
@@ -343,6 +480,8 @@ impl CsiVolumes {
             .unwrap_or_default()
             .into_iter()
             .collect();
+        // Attached first (drivers that need it): nothing recorded while it is not.
+        let publish_context = self.attachment(&driver.name, &handle, &pv_name).await?;
         let staging = self.layout.csi_staging_dir(&driver.name, &handle);
         let staging_target = staging.join("globalmount");
         // Recorded before any call: the pod's teardown undoes whatever was half done (the
@@ -365,6 +504,8 @@ impl CsiVolumes {
                 mounted: false,
             },
         );
+        // In use before it is staged (the attachment is not pulled from under the mount).
+        self.report_in_use().await;
         let staged = self.state().staged.get(&handle).is_some_and(|s| s.done);
         if driver.stage_unstage && !staged {
             let data = VolData {
@@ -387,7 +528,7 @@ impl CsiVolumes {
             );
             let req = csi::NodeStageVolumeRequest {
                 volume_id: handle.clone(),
-                publish_context: Default::default(),
+                publish_context: publish_context.clone(),
                 staging_target_path: kubelet_form(&self.layout, &staging_target),
                 volume_capability: Some(capability.clone()),
                 volume_context: context.clone(),
@@ -451,7 +592,7 @@ impl CsiVolumes {
         }
         let req = csi::NodePublishVolumeRequest {
             volume_id: handle.clone(),
-            publish_context: Default::default(),
+            publish_context,
             staging_target_path: if driver.stage_unstage {
                 kubelet_form(&self.layout, &staging_target)
             } else {
@@ -494,6 +635,7 @@ impl CsiVolumes {
                 first_error.get_or_insert(e);
             }
         }
+        self.report_in_use().await;
         first_error.map_or(Ok(()), Err)
     }
 
@@ -621,6 +763,7 @@ impl CsiVolumes {
                 }
             }
         }
+        self.report_in_use().await;
         first_error.map_or(Ok(()), Err)
     }
 
@@ -791,6 +934,7 @@ impl CsiVolumes {
             }
             self.collect_stats().await;
             self.expand_published().await;
+            self.report_in_use().await;
         }
     }
 
