@@ -10,7 +10,7 @@
 //!    same claim lands on the same node (the volume's affinity) and reads it back;
 //! 3. the node agent restarted keeps the running pod's mount (the pod reads and writes on);
 //! 4. the node agent's kubelet volume metrics name the claim;
-//! 5. a 1 GiB volume refuses the 1,025th MiB with ENOSPC;
+//! 5. a 1 GiB volume refuses the 1,025th MiB with ENOSPC; a claim grown is a filesystem grown;
 //! 6. a StatefulSet of 3 gets a claim and a volume each;
 //! 7. a claim too large for any node: ProvisioningFailed with the driver's reason, its pod
 //!    Pending with FailedScheduling naming the claim;
@@ -363,6 +363,68 @@ fn persistent_volumes_through_skiffs_csi_driver() {
         (1024 << 20..1025 << 20).contains(&size),
         "1,024 MiB written, not the 1,025th: {size} bytes\n{log}"
     );
+
+    // 5b. Expansion: the claim grows, the volume grows (ControllerExpandVolume), the
+    // filesystem grows on the node (online where the driver may, else when the pod is
+    // restarted: FileSystemResizePending until then), the claim's capacity follows.
+    apply(&k, &claim("grow", "64Mi", None));
+    apply(&k, &pod("grower", "grow", "sleep 3600", None, "Always"));
+    wait_phase(&k, "pod", "grower", "Running");
+    k.ok(&[
+        "patch",
+        "pvc",
+        "grow",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}"#,
+    ]);
+    let capacity_of = |k: &Kubectl| {
+        json(k, &["get", "pvc", "grow"])["status"]["capacity"]["storage"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let pending = wait_until("the claim resized or waiting for its node", T, || {
+        let c = json(&k, &["get", "pvc", "grow"]);
+        let pending = c["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|x| x["type"] == "FileSystemResizePending" && x["status"] == "True");
+        match (pending, capacity_of(&k).as_str()) {
+            (true, _) => Ok(true),
+            (false, "128Mi") => Ok(false),
+            (_, other) => Err(format!("capacity {other}: {c}")),
+        }
+    });
+    assert_eq!(
+        volume_of(&k, "grow")["spec"]["capacity"]["storage"],
+        "128Mi"
+    );
+    let grower = if pending {
+        // Offline: the pod is restarted, the node grows the filesystem at stage.
+        k.ok(&["delete", "pod", "grower", "--wait=true"]);
+        apply(&k, &pod("grower2", "grow", "sleep 3600", None, "Always"));
+        wait_phase(&k, "pod", "grower2", "Running");
+        "grower2"
+    } else {
+        "grower"
+    };
+    wait_until("the claim's capacity 128Mi", T, || match capacity_of(&k) {
+        c if c == "128Mi" => Ok(()),
+        c => Err(c),
+    });
+    let df = exec(&k, grower, &["df", "-k", "/data"]).unwrap();
+    let total_kib: u64 = df
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{df}"));
+    assert!(total_kib >= 128 * 1024, "{df}");
+    if pending {
+        wait_event(&k, "Pod", grower, "FileSystemResizeSuccessful", "");
+    }
 
     // 6. A StatefulSet of 3: a claim and a volume each.
     apply(
