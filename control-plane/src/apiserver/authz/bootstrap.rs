@@ -502,7 +502,11 @@ fn controller_roles() -> Vec<(&'static str, Vec<Rule>)> {
         (
             "attachdetach-controller",
             vec![
-                r(READ, &[""], &["persistentvolumes", "persistentvolumeclaims"]),
+                r(
+                    READ,
+                    &[""],
+                    &["persistentvolumes", "persistentvolumeclaims"],
+                ),
                 r(READ, &[""], &["nodes"]),
                 r(&["patch", "update"], &[""], &["nodes/status"]),
                 r(&["list", "watch"], &[""], &["pods"]),
