@@ -184,6 +184,9 @@ fn persistent_volumes_through_skiffs_csi_driver() {
     // The driver's pods reach the API through the `kubernetes` Service.
     spec.own_pod_network(lease.octet());
     spec.csi = true;
+    // As `cargo xtask up`: node agents with their own identities (system:node:<name>), so
+    // the Node authorizer's rules for claims, volumes, CSINodes and attachments are used.
+    spec.tls_bootstrap = true;
     eprintln!("cluster {name} in {}", dir.display());
     let started = Instant::now();
     let mut c = Cluster::up(spec).unwrap_or_else(|e| panic!("cluster up: {e}"));
