@@ -8,7 +8,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub use cri::{
     Container, ContainerConfig, ContainerState, ContainerStatus, PodSandbox, PodSandboxConfig,
@@ -44,22 +44,10 @@ fn call(op: &'static str) -> impl FnOnce(tonic::Status) -> CriError {
     move |status| CriError::Call { op, status }
 }
 
-/// A lazy gRPC channel to a server on the unix socket `socket` (containerd's CRI, CSI
-/// drivers, plugin registration sockets): it dials on first use and again after the
-/// connection breaks, so a restarted server is picked up transparently.
-pub fn unix_channel(socket: &Path) -> Channel {
-    let path = socket.to_path_buf();
-    // The URI is required by tonic but unused: the connector dials the unix socket.
-    Endpoint::from_static("http://[::1]:1")
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector_lazy(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-}
+/// A lazy gRPC channel to a server on a unix socket (containerd's CRI, CSI drivers, plugin
+/// registration sockets): it dials on first use and again after the connection breaks, so
+/// a restarted server is picked up transparently. The CSI crate's, shared by both.
+pub use skiff_csi::plugin::unix_channel;
 
 /// A cheap-to-clone CRI client (runtime and image services on one channel).
 #[derive(Clone)]

@@ -28,7 +28,6 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use skiff_csi::proto::csi::v1 as csi;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -130,23 +129,10 @@ pub struct CsiVolumes {
     in_use_reported: tokio::sync::Mutex<Option<Vec<String>>>,
 }
 
-/// Kubernetes' VolumeAttachment name for a volume on a node: `csi-` and the sha256 (hex) of
-/// the volume handle, the driver and the node name, concatenated (the attach/detach
-/// controller's name for it).
-pub fn attachment_name(volume_handle: &str, driver: &str, node: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(volume_handle.as_bytes());
-    h.update(driver.as_bytes());
-    h.update(node.as_bytes());
-    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    format!("csi-{hex}")
-}
-
-/// The unique name of a CSI volume in `Node.status.volumesInUse`
-/// (`kubernetes.io/csi/<driver>^<volumeHandle>`), as the kubelet writes it.
-pub fn unique_volume_name(driver: &str, volume_handle: &str) -> String {
-    format!("kubernetes.io/csi/{driver}^{volume_handle}")
-}
+/// The VolumeAttachment name of a volume on a node and the volume's unique name in
+/// `Node.status.volumesInUse`: the attach/detach controller's own functions, so both sides
+/// always agree.
+pub use control_plane::controllers::attachdetach::{attachment_name, unique_volume_name};
 
 /// A gRPC failure as the kubelet words it (Go's `rpc error: code = X desc = Y`).
 fn rpc(op: &str, s: &tonic::Status) -> String {
