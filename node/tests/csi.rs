@@ -1212,24 +1212,29 @@ async fn wait_registered(c: &Cluster) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() {
-    let c = Cluster::start("csireal").await;
-    c.assign_pod_cidr().await;
-    create_csidriver(&c, false).await;
-    let layout = Layout::new(&c.config.data_dir);
-    let node = c.node_name();
-    let root = layout.root().canonicalize().unwrap();
-    let driver = RealDriver::start(&root, &node);
-    wait_registered(&c).await;
+/// What [`provision_bound_claim`] made: the driver's Controller client, the capability the
+/// volume was created with, and the volume.
+struct Provisioned {
+    controller: csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    cap: csi::VolumeCapability,
+    volume: csi::Volume,
+}
 
-    // The provisioner's part: CreateVolume on the driver's Controller service, then the PV
-    // and its claim bound to it.
+/// The provisioner's and the binder's part for a claim `name` of 64Mi: CreateVolume
+/// `pvc-<name>` on the driver's Controller service (pinned to this node), the PV with its
+/// claimRef, and the claim bound to it.
+async fn provision_bound_claim(
+    c: &Cluster,
+    layout: &Layout,
+    node: &str,
+    name: &str,
+) -> Provisioned {
+    let pv_name = format!("pvc-{name}");
     let socket = layout.plugins_dir().join(DRIVER).join("csi.sock");
     let mut controller =
         csi::controller_client::ControllerClient::new(node::cri::unix_channel(&socket));
     let topology = csi::Topology {
-        segments: [(TOPOLOGY_KEY.to_string(), node.clone())].into(),
+        segments: [(TOPOLOGY_KEY.to_string(), node.to_string())].into(),
     };
     let cap = csi::VolumeCapability {
         access_type: Some(csi::volume_capability::AccessType::Mount(
@@ -1245,12 +1250,12 @@ async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() 
     };
     let volume = controller
         .create_volume(csi::CreateVolumeRequest {
-            name: "pvc-real".into(),
+            name: pv_name.clone(),
             capacity_range: Some(csi::CapacityRange {
                 required_bytes: 64 << 20,
                 limit_bytes: 0,
             }),
-            volume_capabilities: vec![cap],
+            volume_capabilities: vec![cap.clone()],
             parameters: Default::default(),
             accessibility_requirements: Some(csi::TopologyRequirement {
                 requisite: vec![topology.clone()],
@@ -1263,10 +1268,10 @@ async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() 
         .volume
         .unwrap();
     let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": "pvc-real"},
+        "metadata": {"name": pv_name},
         "spec": {"capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteOnce"],
                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                 "claimRef": {"namespace": "default", "name": "real"},
+                 "claimRef": {"namespace": "default", "name": name},
                  "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id, "fsType": "ext4",
                          "volumeAttributes": volume.volume_context}}
     }))
@@ -1277,18 +1282,41 @@ async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() 
         .unwrap();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "real"},
+        "metadata": {"name": name},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                 "volumeName": "pvc-real", "resources": {"requests": {"storage": "64Mi"}}}
+                 "volumeName": pv_name, "resources": {"requests": {"storage": "64Mi"}}}
     }))
     .unwrap();
     claims.create(&PostParams::default(), &claim).await.unwrap();
     let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"],
                                    "capacity": {"storage": "64Mi"}}});
     claims
-        .patch_status("real", &PatchParams::default(), &Patch::Merge(&status))
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
+    Provisioned {
+        controller,
+        cap,
+        volume,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn skiffs_driver_gives_a_pod_an_ext4_volume_whose_data_outlives_the_pod() {
+    let c = Cluster::start("csireal").await;
+    c.assign_pod_cidr().await;
+    create_csidriver(&c, false).await;
+    let layout = Layout::new(&c.config.data_dir);
+    let node = c.node_name();
+    let root = layout.root().canonicalize().unwrap();
+    let driver = RealDriver::start(&root, &node);
+    wait_registered(&c).await;
+
+    // The provisioner's part: CreateVolume on the driver's Controller service, then the PV
+    // and its claim bound to it.
+    let Provisioned {
+        controller, volume, ..
+    } = provision_bound_claim(&c, &layout, &node, "real").await;
 
     let spec = json!({"containers": [{"name": "app", "image": BUSYBOX_IMAGE,
                        "command": ["sleep", "3600"],
@@ -1443,68 +1471,13 @@ async fn a_grown_claim_gets_its_filesystem_grown_when_its_next_pod_starts() {
     let driver = RealDriver::start(&root, &node);
     wait_registered(&c).await;
 
-    let socket = layout.plugins_dir().join(DRIVER).join("csi.sock");
-    let mut controller =
-        csi::controller_client::ControllerClient::new(node::cri::unix_channel(&socket));
-    let topology = csi::Topology {
-        segments: [(TOPOLOGY_KEY.to_string(), node.clone())].into(),
-    };
-    let cap = csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume {
-                fs_type: "ext4".into(),
-                mount_flags: vec![],
-                volume_mount_group: String::new(),
-            },
-        )),
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    };
-    let volume = controller
-        .create_volume(csi::CreateVolumeRequest {
-            name: "pvc-grow".into(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap.clone()],
-            parameters: Default::default(),
-            accessibility_requirements: Some(csi::TopologyRequirement {
-                requisite: vec![topology.clone()],
-                preferred: vec![topology],
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": "pvc-grow"},
-        "spec": {"capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteOnce"],
-                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                 "claimRef": {"namespace": "default", "name": "grow"},
-                 "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id, "fsType": "ext4",
-                         "volumeAttributes": volume.volume_context}}
-    }))
-    .unwrap();
+    let Provisioned {
+        mut controller,
+        cap,
+        volume,
+    } = provision_bound_claim(&c, &layout, &node, "grow").await;
     let pvs: Api<PersistentVolume> = Api::all(c.client.clone());
-    pvs.create(&PostParams::default(), &pv).await.unwrap();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "grow"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                 "volumeName": "pvc-grow", "resources": {"requests": {"storage": "64Mi"}}}
-    }))
-    .unwrap();
-    claims.create(&PostParams::default(), &claim).await.unwrap();
-    let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"],
-                                   "capacity": {"storage": "64Mi"}}});
-    claims
-        .patch_status("grow", &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
 
     let spec = json!({"containers": [{"name": "app", "image": BUSYBOX_IMAGE,
                        "command": ["sleep", "3600"],
