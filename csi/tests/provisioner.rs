@@ -4,19 +4,20 @@
 //! storage-provisioner annotation on claims, phase Released on volumes) and watch what the
 //! provisioner does through the API, the Events and the driver's files.
 
+mod support;
+use support::eventually;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use control_plane::apiserver::{Config as ApiConfig, RunningServer, Server as ApiServer};
 use csi::controller_client::ControllerClient;
-use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
@@ -29,27 +30,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 
-/// Generous for a loaded 2-core machine: each step is a few watch events and calls.
-const CONVERGE: Duration = Duration::from_secs(60);
 const GIB: u64 = 1 << 30;
-
-/// Polls `probe` until it is Ok or `timeout` passes (then panics with the last result).
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        match probe().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => {
-                panic!("{what}: not within {CONVERGE:?}: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
 
 /// An API server in a scratch directory and an admin client of it.
 struct Cluster {
@@ -156,32 +137,12 @@ impl Cluster {
 
     /// The Events about the object with `uid`: (type, reason, message).
     async fn events(&self, uid: &str) -> Vec<(String, String, String)> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), "default");
-        let list = api.list(&ListParams::default()).await.unwrap();
-        list.items
-            .into_iter()
-            .filter(|e| e.involved_object.uid.as_deref() == Some(uid))
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.message.unwrap_or_default(),
-                )
-            })
-            .collect()
+        support::events(&self.client, uid).await
     }
 
     /// Waits for an Event `reason` about `uid` and returns its (type, message).
     async fn wait_event(&self, uid: &str, reason: &str) -> (String, String) {
-        eventually(&format!("event {reason}"), || async {
-            let events = self.events(uid).await;
-            events
-                .iter()
-                .find(|e| e.1 == reason)
-                .map(|e| (e.0.clone(), e.2.clone()))
-                .ok_or_else(|| format!("events so far: {events:?}"))
-        })
-        .await
+        support::wait_event(&self.client, uid, reason).await
     }
 
     async fn wait_volume(&self, name: &str) -> PersistentVolume {

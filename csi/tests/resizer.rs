@@ -5,10 +5,11 @@
 //! allocatedResources on a grown claim; stage/publish and finishing the node expansion) and
 //! watch what the resizer does through the API, the Events, the driver and statvfs.
 
-use std::future::Future;
+mod support;
+use support::eventually;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use control_plane::apiserver::{Config as ApiConfig, RunningServer, Server as ApiServer};
 use csi::node_client::NodeClient;
@@ -30,27 +31,8 @@ use skiff_csi::DRIVER_NAME;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-const CONVERGE: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
 const NODE: &str = "n1";
-
-/// Polls `probe` until it is Ok or [`CONVERGE`] passes (then panics with the last result).
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        match probe().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => {
-                panic!("{what}: not within {CONVERGE:?}: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
 
 /// An API server, the driver of [`NODE`] and its provisioner and resizer.
 struct Setup {
@@ -205,31 +187,11 @@ impl Setup {
 
     /// The Events about the object with `uid`: (type, reason, message).
     async fn events(&self, uid: &str) -> Vec<(String, String, String)> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), "default");
-        let list = api.list(&ListParams::default()).await.unwrap();
-        list.items
-            .into_iter()
-            .filter(|e| e.involved_object.uid.as_deref() == Some(uid))
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.message.unwrap_or_default(),
-                )
-            })
-            .collect()
+        support::events(&self.client, uid).await
     }
 
     async fn wait_event(&self, uid: &str, reason: &str) -> (String, String) {
-        eventually(&format!("event {reason}"), || async {
-            let events = self.events(uid).await;
-            events
-                .iter()
-                .find(|e| e.1 == reason)
-                .map(|e| (e.0.clone(), e.2.clone()))
-                .ok_or_else(|| format!("events so far: {events:?}"))
-        })
-        .await
+        support::wait_event(&self.client, uid, reason).await
     }
 
     async fn stop(mut self) {
