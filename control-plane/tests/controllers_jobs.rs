@@ -583,3 +583,274 @@ async fn cron_job_every_minute_creates_jobs_and_keeps_history() {
     assert_eq!(out, "true");
     c.shutdown().await;
 }
+
+/// The Jobs CronJob `cj` controls now, oldest minute first.
+async fn owned_by(jobs: &Api<Job>, cj: &str) -> Vec<Job> {
+    let mut owned: Vec<Job> = jobs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|j| {
+            j.owner_references()
+                .iter()
+                .any(|r| r.kind == "CronJob" && r.name == cj && r.controller == Some(true))
+        })
+        .collect();
+    owned.sort_by_key(minute_of);
+    owned
+}
+
+/// The scheduled minute (since the epoch) a CronJob's Job is named by.
+fn minute_of(j: &Job) -> i64 {
+    let name = j.name_any();
+    name.rsplit_once('-')
+        .and_then(|(_, m)| m.parse().ok())
+        .unwrap_or_else(|| panic!("not a scheduled Job's name: {name}"))
+}
+
+// concurrencyPolicy Forbid and Replace, suspend and failedJobsHistoryLimit, all decided at
+// the same minute boundary: four `* * * * *` CronJobs side by side. Each is told (through
+// its status, the controller's own record) that it last ran two minutes ago, so the current
+// minute is due at once and the first Jobs start without waiting for a boundary; the next
+// minute boundary is then the one every policy is seen at, so the test costs at most about
+// a minute. Pods without an exit code run until deleted (the played node never ends them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
+    use k8s_openapi::api::batch::v1::CronJob;
+    use k8s_openapi::jiff::Timestamp;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    let c = Cluster::start(fast_settings(), &["node-1"]).await;
+    let cron_jobs: Api<CronJob> = c.api("default");
+    let jobs: Api<Job> = c.api("default");
+
+    // Every Job any CronJob made, with the last state it was seen in, from a watch: a Job
+    // that came and went between two lists is still seen.
+    type Seen = Arc<Mutex<BTreeMap<String, BTreeMap<String, &'static str>>>>;
+    let seen: Seen = Default::default();
+    let watching = {
+        let (jobs, seen) = (jobs.clone(), seen.clone());
+        tokio::spawn(async move {
+            let stream = watcher(jobs, watcher::Config::default())
+                .default_backoff()
+                .applied_objects();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(j) = futures::StreamExt::next(&mut stream).await {
+                let Ok(j) = j else { continue };
+                let Some(owner) = j
+                    .owner_references()
+                    .iter()
+                    .find(|r| r.kind == "CronJob" && r.controller == Some(true))
+                    .map(|r| r.name.clone())
+                else {
+                    continue;
+                };
+                let state = if condition(&j, "Failed").is_some() {
+                    "Failed"
+                } else if condition(&j, "Complete").is_some() {
+                    "Complete"
+                } else {
+                    "Running"
+                };
+                seen.lock()
+                    .unwrap()
+                    .entry(owner)
+                    .or_default()
+                    .insert(j.name_any(), state);
+            }
+        })
+    };
+    let made = |cj: &str| -> BTreeMap<String, &'static str> {
+        seen.lock().unwrap().get(cj).cloned().unwrap_or_default()
+    };
+
+    let cron_job = |name: &str, extra: serde_json::Value, exit: Option<i32>| -> CronJob {
+        let annotations = match exit {
+            Some(code) => json!({EXIT_CODE: code.to_string()}),
+            None => json!({}),
+        };
+        let mut v = json!({
+            "apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": name},
+            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"backoffLimit": 0, "template": {
+                "metadata": {"annotations": annotations},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}},
+        });
+        v["spec"]
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(v).unwrap()
+    };
+    for cj in [
+        cron_job("forbid", json!({"concurrencyPolicy": "Forbid"}), None),
+        cron_job("replace", json!({"concurrencyPolicy": "Replace"}), None),
+        cron_job("paused", json!({"suspend": true}), None),
+        cron_job("failing", json!({"failedJobsHistoryLimit": 1}), Some(1)),
+    ] {
+        cron_jobs.create(&PostParams::default(), &cj).await.unwrap();
+    }
+    let now = Timestamp::now();
+    let two_minutes_ago =
+        Timestamp::from_second(now.as_second().div_euclid(60) * 60 - 120).unwrap();
+    let last_run = json!({"status": {"lastScheduleTime": two_minutes_ago.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}});
+    for name in ["forbid", "replace", "paused", "failing"] {
+        cron_jobs
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&last_run))
+            .await
+            .unwrap();
+    }
+
+    // The first Job of each running CronJob, for the minute that was due at once.
+    let first = |cj: &'static str| {
+        let made = &made;
+        async move {
+            wait_until_async(&format!("{cj}'s first Job"), WAIT, || async {
+                made(cj).into_keys().next().ok_or("none yet")
+            })
+            .await
+        }
+    };
+    let (forbid_1, replace_1, failing_1) =
+        tokio::join!(first("forbid"), first("replace"), first("failing"));
+    let minute = |name: &str| -> i64 { name.rsplit_once('-').unwrap().1.parse().unwrap() };
+
+    let forbid = async {
+        // Forbid: at the next minute the first Job still runs, so none is started; the
+        // controller says why with Kubernetes' event, and the time stays unrun.
+        wait_reasons(&c, "forbid", &["JobAlreadyActive"]).await;
+        assert!(
+            Timestamp::now().as_second() >= (minute(&forbid_1) + 1) * 60,
+            "skipped at the next minute"
+        );
+        let owned = owned_by(&jobs, "forbid").await;
+        let names: Vec<String> = owned.iter().map(|j| j.name_any()).collect();
+        assert_eq!(names, [forbid_1.clone()], "still the one Job");
+        assert_eq!(
+            made("forbid").into_keys().collect::<Vec<_>>(),
+            [forbid_1.clone()],
+            "no second Job ever existed"
+        );
+        let status = cron_jobs.get("forbid").await.unwrap().status.unwrap();
+        assert_eq!(
+            status.last_schedule_time.unwrap().0.as_second(),
+            minute(&forbid_1) * 60,
+            "the skipped time is not recorded as run"
+        );
+        let active: Vec<String> = status
+            .active
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|r| r.name)
+            .collect();
+        assert_eq!(active, [forbid_1.clone()]);
+        let events: Api<Event> = c.api("default");
+        let skipped = events
+            .list(&ListParams::default().fields("involvedObject.name=forbid"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("JobAlreadyActive"))
+            .unwrap();
+        assert_eq!(skipped.type_.as_deref(), Some("Normal"));
+        assert_eq!(
+            skipped.message.as_deref(),
+            Some("Not starting job because prior execution is running and concurrency policy is Forbid")
+        );
+    };
+
+    let replace = async {
+        // Replace: at the next minute the running Job is deleted and the new one created.
+        let second = wait_until_async("the replacing Job alone", WAIT, || async {
+            let owned = owned_by(&jobs, "replace").await;
+            match &owned[..] {
+                [j] if j.name_any() != replace_1 => Ok(j.clone()),
+                _ => Err(owned.iter().map(|j| j.name_any()).collect::<Vec<_>>()),
+            }
+        })
+        .await;
+        assert_eq!(minute_of(&second), minute(&replace_1) + 1);
+        assert!(
+            jobs.get_opt(&replace_1).await.unwrap().is_none(),
+            "the replaced Job is deleted"
+        );
+        assert_eq!(
+            made("replace").get(&replace_1),
+            Some(&"Running"),
+            "it was running when replaced"
+        );
+        wait_reasons(&c, "replace", &["SuccessfulDelete", "SuccessfulCreate"]).await;
+        let active: Vec<String> = cron_jobs
+            .get("replace")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .active
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|r| r.name)
+            .collect();
+        assert_eq!(active, [second.name_any()]);
+        second
+    };
+
+    let failing = async {
+        // failedJobsHistoryLimit 1: the first failed Job stays alone until the second
+        // fails, then goes.
+        let kept = wait_until_async("one failed Job kept, the older deleted", WAIT, || async {
+            let owned = owned_by(&jobs, "failing").await;
+            match &owned[..] {
+                [j] if j.name_any() != failing_1 && condition(j, "Failed").is_some() => {
+                    Ok(j.clone())
+                }
+                _ => Err(owned.iter().map(|j| j.name_any()).collect::<Vec<_>>()),
+            }
+        })
+        .await;
+        assert_eq!(minute_of(&kept), minute(&failing_1) + 1);
+        assert_eq!(made("failing").get(&failing_1), Some(&"Failed"));
+        wait_reasons(&c, "failing", &["SawCompletedJob", "SuccessfulDelete"]).await;
+        assert_eq!(
+            owned_by(&jobs, "failing").await.len(),
+            1,
+            "the limit's one is kept"
+        );
+    };
+    let ((), replacing, ()) = tokio::join!(forbid, replace, failing);
+
+    // Suspended: its due time was there from the start and the next minute has passed
+    // (the others' Jobs for it exist), yet it never made a Job nor recorded a run.
+    assert!(made("paused").is_empty(), "{:?}", made("paused"));
+    assert!(owned_by(&jobs, "paused").await.is_empty());
+    let status = cron_jobs.get("paused").await.unwrap().status.unwrap();
+    assert_eq!(
+        status.last_schedule_time.unwrap().0,
+        two_minutes_ago,
+        "no run recorded while suspended"
+    );
+    // Resumed: the most recent missed time runs at once.
+    cron_jobs
+        .patch(
+            "paused",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await
+        .unwrap();
+    let resumed = wait_until_async("the resumed CronJob's Job", WAIT, || async {
+        owned_by(&jobs, "paused")
+            .await
+            .into_iter()
+            .next()
+            .ok_or("none yet")
+    })
+    .await;
+    assert!(minute_of(&resumed) >= minute_of(&replacing));
+    watching.abort();
+    c.shutdown().await;
+}

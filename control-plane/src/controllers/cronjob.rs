@@ -5,10 +5,10 @@
 //! ones leave it, with SawCompletedJob and lastSuccessfulTime), then, unless suspended or
 //! being deleted, find the most recent scheduled time not yet run (no further back than
 //! startingDeadlineSeconds; a schedule missed more than 100 times is reported and only its
-//! latest time considered), apply the concurrencyPolicy (Allow; Forbid skips while a Job
-//! runs; Replace deletes the running ones), create the Job `<name>-<minutes since epoch>`
-//! (so a restart never makes a second Job for the same time), delete finished Jobs beyond
-//! the history limits, and come back exactly at the next scheduled time. No polling: the
+//! latest time considered), apply the concurrencyPolicy ([`at_due_time`]: Allow; Forbid
+//! skips while a Job runs, with a JobAlreadyActive event; Replace deletes the running ones),
+//! create the Job `<name>-<minutes since epoch>` (so a restart never makes a second Job for
+//! the same time), delete finished Jobs beyond the history limits, and come back exactly at the next scheduled time. No polling: the
 //! work queue's delayed add is the only clock.
 
 use std::sync::Arc;
@@ -104,6 +104,34 @@ pub fn due_time(cj: &CronJob, schedule: &Schedule, now: Timestamp) -> (Option<Ti
     }
     let missed = schedule.missed(earliest, now, MISSED_LIMIT);
     (missed.most_recent, missed.count > MISSED_LIMIT)
+}
+
+/// What the concurrencyPolicy makes of a due scheduled time, given the Jobs the CronJob
+/// controls (Kubernetes' cronjob controller v2).
+#[derive(Debug, PartialEq)]
+pub enum AtDueTime<'a> {
+    /// Create the Job (Allow; or nothing runs).
+    Create,
+    /// Forbid while a Job runs: skip this time (Kubernetes' JobAlreadyActive event).
+    Skip,
+    /// Replace: delete these running Jobs, then create.
+    Replace(Vec<&'a Job>),
+}
+
+/// The decision at a due time under `policy` (None is Allow): running Jobs are the
+/// unfinished ones not being deleted.
+pub fn at_due_time<'a>(policy: Option<&str>, owned: &'a [Arc<Job>]) -> AtDueTime<'a> {
+    let running: Vec<&Job> = owned
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|j| !is_finished(j) && j.metadata.deletion_timestamp.is_none())
+        .collect();
+    match policy {
+        _ if running.is_empty() => AtDueTime::Create,
+        Some("Forbid") => AtDueTime::Skip,
+        Some("Replace") => AtDueTime::Replace(running),
+        _ => AtDueTime::Create,
+    }
 }
 
 /// The Job a CronJob makes for `scheduled`: the template's metadata and spec, a controller
@@ -282,22 +310,23 @@ impl CronJobController {
             status.last_schedule_time = Some(Time(scheduled));
             return Ok(next(now));
         }
-        let running: Vec<&Arc<Job>> = owned
-            .iter()
-            .filter(|j| !is_finished(j) && j.metadata.deletion_timestamp.is_none())
-            .collect();
-        match spec.concurrency_policy.as_deref().unwrap_or("Allow") {
-            "Forbid" if !running.is_empty() => {
-                tracing::debug!(cronjob = %cj.name_any(), "not starting a job: the prior one still runs and the policy is Forbid");
+        match at_due_time(spec.concurrency_policy.as_deref(), owned) {
+            AtDueTime::Skip => {
+                self.recorder.event(
+                    cj.as_ref(),
+                    EventType::Normal,
+                    "JobAlreadyActive",
+                    "Not starting job because prior execution is running and concurrency policy is Forbid",
+                );
                 return Ok(next(now));
             }
-            "Replace" => {
-                for j in &running {
+            AtDueTime::Replace(running) => {
+                for j in running {
                     self.delete_job(cj, j).await?;
                 }
                 status.active = None;
             }
-            _ => {}
+            AtDueTime::Create => {}
         }
         let job = job_for(cj, scheduled, spec.time_zone.as_deref());
         let api: Api<Job> =
@@ -462,5 +491,53 @@ mod tests {
         let r = &j.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((r.kind.as_str(), r.controller), ("CronJob", Some(true)));
         assert!(j.spec.is_some());
+    }
+
+    fn owned(name: &str, condition: Option<&str>, deleting: bool) -> Arc<Job> {
+        let mut j = json!({"metadata": {"name": name, "namespace": "default"}});
+        if let Some(c) = condition {
+            j["status"] = json!({"conditions": [{"type": c, "status": "True"}]});
+        }
+        if deleting {
+            j["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        }
+        Arc::new(serde_json::from_value(j).unwrap())
+    }
+
+    #[test]
+    fn the_concurrency_policy_decides_at_a_due_time() {
+        let none: Vec<Arc<Job>> = vec![];
+        // Nothing runs: every policy creates.
+        for p in [None, Some("Allow"), Some("Forbid"), Some("Replace")] {
+            assert_eq!(at_due_time(p, &none), AtDueTime::Create, "{p:?}");
+        }
+        // Finished Jobs and ones being deleted do not count as running.
+        let done = vec![
+            owned("a", Some("Complete"), false),
+            owned("b", Some("Failed"), false),
+            owned("c", None, true),
+        ];
+        for p in [None, Some("Forbid"), Some("Replace")] {
+            assert_eq!(at_due_time(p, &done), AtDueTime::Create, "{p:?}");
+        }
+        // One runs among them: Allow creates beside it, Forbid skips, Replace names it alone.
+        let mut with_running = done.clone();
+        with_running.push(owned("d", None, false));
+        assert_eq!(at_due_time(None, &with_running), AtDueTime::Create);
+        assert_eq!(at_due_time(Some("Allow"), &with_running), AtDueTime::Create);
+        assert_eq!(at_due_time(Some("Forbid"), &with_running), AtDueTime::Skip);
+        match at_due_time(Some("Replace"), &with_running) {
+            AtDueTime::Replace(js) => {
+                let names: Vec<String> = js.iter().map(|j| j.name_any()).collect();
+                assert_eq!(names, ["d"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Several running: Replace deletes all of them.
+        with_running.push(owned("e", Some("Suspended"), false));
+        match at_due_time(Some("Replace"), &with_running) {
+            AtDueTime::Replace(js) => assert_eq!(js.len(), 2),
+            other => panic!("{other:?}"),
+        }
     }
 }
