@@ -1,25 +1,29 @@
 //! The real binary: two `controller-manager` processes against one API server never both
-//! act (the standby takes over only after the leader's lease expires, or at once when the
-//! leader releases it on SIGTERM); and the all-in-one `server` with the real kubectl:
-//! `kubectl rollout status`, `set image`, `rollout undo` and `--to-revision` end to end, and
-//! with `--disable scheduler` pods stay Pending.
+//! act (the standby takes over only after the leader's lease expires, within a lease
+//! duration of a SIGKILL or SIGSTOP, or at once when the leader releases it on SIGTERM; a
+//! leader resumed after SIGSTOP gives up at once and writes nothing); and the all-in-one
+//! `server` with the real kubectl: `kubectl rollout status`, `set image`, `rollout undo` and
+//! `--to-revision` end to end, and with `--disable scheduler` pods stay Pending.
 
 mod controllers_support;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use controllers_support::{deployment, http_get, metric, Cluster, NodeCredentials, Nodes, Process};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 use skiff_tests::kubectl::Kubectl;
 use skiff_tests::wait_until_async;
 
 const WAIT: Duration = Duration::from_secs(60);
+/// The controller-managers' lease duration in the leader-election tests (`LEADER_FLAGS`).
+const LEASE: Duration = Duration::from_secs(3);
 
 /// The all-in-one `server` binary on a data dir under `dir`, with `extra` flags; once its
 /// ops endpoint serves: the process, a client, and the kubeconfig it wrote.
@@ -100,59 +104,129 @@ async fn creators(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
+/// Two controller-manager processes (deployment and replicaset controllers, lease
+/// [`LEASE`]), each as the controller manager, once one of them leads.
+struct Pair {
+    leader: Process,
+    standby: Process,
+    ops_leader: String,
+    ops_standby: String,
+    /// The leader's identity.
+    first: String,
+}
+
+impl Pair {
+    async fn start(c: &Cluster) -> Pair {
+        let kubeconfig = c
+            .server()
+            .component_kubeconfig(control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG)
+            .to_str()
+            .unwrap()
+            .to_string();
+        let lease = format!("{}s", LEASE.as_secs());
+        let args = [
+            "controller-manager",
+            "--kubeconfig",
+            &kubeconfig,
+            "--bind-address",
+            "127.0.0.1:0",
+            "--controllers",
+            "deployment,replicaset",
+            "--leader-elect-lease-duration",
+            &lease,
+            "--leader-elect-renew-deadline",
+            "2s",
+            "--leader-elect-retry-period",
+            "500ms",
+        ];
+        let a = Process::spawn(&args, &c.dir.path().join("cm-a.log"));
+        let b = Process::spawn(&args, &c.dir.path().join("cm-b.log"));
+        let ops_a = a.wait_log_field("ops endpoint serving", "addr").await;
+        let ops_b = b.wait_log_field("ops endpoint serving", "addr").await;
+        let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-system");
+        let first = wait_until_async("a leader", WAIT, || async {
+            holder(&leases).await.ok_or(())
+        })
+        .await;
+        // The Lease names the holder as soon as it is written; its log line follows: which
+        // process it is, only once one of them has written it.
+        let named = format!("identity={first}");
+        let a_leads = wait_until_async("the leader's log says so", WAIT, || async {
+            if a.log().contains(&named) {
+                Ok(true)
+            } else if b.log().contains(&named) {
+                Ok(false)
+            } else {
+                Err(())
+            }
+        })
+        .await;
+        let pair = if a_leads {
+            Pair {
+                leader: a,
+                standby: b,
+                ops_leader: ops_a,
+                ops_standby: ops_b,
+                first,
+            }
+        } else {
+            Pair {
+                leader: b,
+                standby: a,
+                ops_leader: ops_b,
+                ops_standby: ops_a,
+                first,
+            }
+        };
+        assert!(pair.leader.log().contains("became leader"));
+        pair
+    }
+}
+
+/// Waits until `standby`'s log names it the holder `identity` (the Lease names a new holder
+/// before its log line is written).
+async fn wait_leads(standby: &Process, identity: &str) {
+    wait_until_async("the standby's log names it the holder", WAIT, || async {
+        standby
+            .log()
+            .contains(&format!("identity={identity}"))
+            .then_some(())
+            .ok_or(())
+    })
+    .await;
+}
+
+async fn wait_pods(pods: &Api<Pod>, n: usize) {
+    wait_until_async(&format!("{n} pods"), WAIT, || async {
+        let got = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .len();
+        (got == n).then_some(()).ok_or(got)
+    })
+    .await;
+}
+
+fn signal(p: &Process, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(p.pid().expect("running")).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
 #[tokio::test]
 async fn two_controller_managers_never_both_act() {
     let c = Cluster::api_only().await;
-    // Each as the controller manager, not the admin.
-    let kubeconfig = c
-        .server()
-        .component_kubeconfig(control_plane::apiserver::CONTROLLER_MANAGER_KUBECONFIG)
-        .to_str()
-        .unwrap()
-        .to_string();
-    let args = [
-        "controller-manager",
-        "--kubeconfig",
-        &kubeconfig,
-        "--bind-address",
-        "127.0.0.1:0",
-        "--controllers",
-        "deployment,replicaset",
-        "--leader-elect-lease-duration",
-        "3s",
-        "--leader-elect-renew-deadline",
-        "2s",
-        "--leader-elect-retry-period",
-        "500ms",
-    ];
-    let mut a = Process::spawn(&args, &c.dir.path().join("cm-a.log"));
-    let mut b = Process::spawn(&args, &c.dir.path().join("cm-b.log"));
-    let ops_a = a.wait_log_field("ops endpoint serving", "addr").await;
-    let ops_b = b.wait_log_field("ops endpoint serving", "addr").await;
+    let Pair {
+        leader: mut a,
+        standby: mut b,
+        ops_leader,
+        ops_standby,
+        first,
+    } = Pair::start(&c).await;
+    let (leader, standby) = (&mut a, &mut b);
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-system");
-    let first = wait_until_async("a leader", WAIT, || async {
-        holder(&leases).await.ok_or(())
-    })
-    .await;
-    // The Lease names the holder as soon as it is written; its log line follows: which
-    // process it is, only once one of them has written it.
-    let named = format!("identity={first}");
-    let a_leads = wait_until_async("the leader's log says so", WAIT, || async {
-        if a.log().contains(&named) {
-            Ok(true)
-        } else if b.log().contains(&named) {
-            Ok(false)
-        } else {
-            Err(())
-        }
-    })
-    .await;
-    let (leader, standby, ops_leader, ops_standby) = if a_leads {
-        (&mut a, &mut b, ops_a, ops_b)
-    } else {
-        (&mut b, &mut a, ops_b, ops_a)
-    };
-    assert!(leader.log().contains("became leader"));
 
     let deployments: Api<Deployment> = c.api("default");
     deployments
@@ -160,16 +234,7 @@ async fn two_controller_managers_never_both_act() {
         .await
         .unwrap();
     let pods: Api<Pod> = c.api("default");
-    wait_until_async("3 pods", WAIT, || async {
-        let n = pods
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .unwrap()
-            .items
-            .len();
-        (n == 3).then_some(()).ok_or(n)
-    })
-    .await;
+    wait_pods(&pods, 3).await;
     // Events are written in the background: wait for all three.
     let by = wait_until_async("3 SuccessfulCreate events", WAIT, || async {
         let by = creators(&c).await;
@@ -202,21 +267,22 @@ async fn two_controller_managers_never_both_act() {
     );
     assert_eq!(http_get(&ops_standby, "/healthz").await.unwrap(), "ok");
 
-    // The leader dies without releasing: the standby takes over once the lease expires.
+    // The leader dies without releasing: the standby takes over once the lease expires. It
+    // watches the Lease, so it saw the last renewal when it happened and tries right when
+    // that renewal expires: within the lease duration of the kill, plus a round trip.
     leader.kill9();
+    let killed = Instant::now();
     let second = wait_until_async("the standby to take over", WAIT, || async {
         holder(&leases).await.filter(|h| *h != first).ok_or(())
     })
     .await;
-    // As for the first leader: the Lease names the new holder before its log line is written.
-    wait_until_async("the standby's log names it the holder", WAIT, || async {
-        standby
-            .log()
-            .contains(&format!("identity={second}"))
-            .then_some(())
-            .ok_or(())
-    })
-    .await;
+    let took = killed.elapsed();
+    eprintln!("SIGKILL: the standby took the lease over in {took:?} (lease {LEASE:?})");
+    assert!(
+        took <= LEASE + Duration::from_secs(1),
+        "the standby took {took:?} to take over a lease of {LEASE:?}"
+    );
+    wait_leads(standby, &second).await;
     deployments
         .patch_scale(
             "web",
@@ -225,16 +291,7 @@ async fn two_controller_managers_never_both_act() {
         )
         .await
         .unwrap();
-    wait_until_async("5 pods", WAIT, || async {
-        let n = pods
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .unwrap()
-            .items
-            .len();
-        (n == 5).then_some(()).ok_or(n)
-    })
-    .await;
+    wait_pods(&pods, 5).await;
     let by = wait_until_async("5 SuccessfulCreate events", WAIT, || async {
         let by = creators(&c).await;
         (by.len() == 5).then_some(by.clone()).ok_or(by)
@@ -259,6 +316,166 @@ async fn two_controller_managers_never_both_act() {
         None,
         "the lease was released"
     );
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stopped_leader_is_deposed_and_writes_nothing_when_it_resumes() {
+    let c = Cluster::api_only().await;
+    let Pair {
+        leader,
+        standby,
+        ops_leader,
+        first,
+        ..
+    } = Pair::start(&c).await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-system");
+    let deployments: Api<Deployment> = c.api("default");
+    deployments
+        .create(&PostParams::default(), &deployment("web", 2))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = c.api("default");
+    wait_pods(&pods, 2).await;
+    // Its Events are written in the background: all of them before it stops.
+    wait_until_async("2 SuccessfulCreate events", WAIT, || async {
+        let by = creators(&c).await;
+        (by.len() == 2).then_some(()).ok_or(by)
+    })
+    .await;
+    // The Lease as the leader last wrote it.
+    let before = leases.get("kube-controller-manager").await.unwrap();
+    assert_eq!(
+        before.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+        Some(first.clone())
+    );
+
+    // Stopped, the leader cannot renew: the standby takes over at its lease's expiry.
+    signal(&leader, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let second = wait_until_async("the standby to take over", WAIT, || async {
+        holder(&leases).await.filter(|h| *h != first).ok_or(())
+    })
+    .await;
+    let took = stopped.elapsed();
+    eprintln!("SIGSTOP: the standby took the lease over in {took:?} (lease {LEASE:?})");
+    assert!(
+        took <= LEASE + Duration::from_secs(1),
+        "the standby took {took:?} to take over a lease of {LEASE:?}"
+    );
+    wait_leads(&standby, &second).await;
+    // What the deposed leader's renewal writes: the resourceVersion it read is stale.
+    let mut renewal = before.clone();
+    renewal.spec.as_mut().unwrap().renew_time =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    match leases
+        .replace("kube-controller-manager", &PostParams::default(), &renewal)
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 409, "{e:?}"),
+        other => panic!("a stale renewal must conflict: {other:?}"),
+    }
+
+    // Scaled while the old leader sleeps: its informers and queues are stale when it wakes.
+    deployments
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .unwrap();
+    wait_pods(&pods, 5).await;
+    let sets: Api<ReplicaSet> = c.api("default");
+    wait_until_async("the ReplicaSet to report 5", WAIT, || async {
+        let rs = sets.list(&ListParams::default()).await.unwrap().items;
+        let n: Vec<_> = rs
+            .iter()
+            .map(|r| r.status.as_ref().map(|s| s.replicas))
+            .collect();
+        (n == [Some(5)]).then_some(()).ok_or(n)
+    })
+    .await;
+    let listed = pods.list(&ListParams::default()).await.unwrap();
+    let mut names: Vec<String> = listed.items.iter().map(|p| p.name_any()).collect();
+    names.sort();
+    // Every pod event from here on: none may come from the old leader.
+    let rv = listed.metadata.resource_version.unwrap();
+    let mut events = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+
+    signal(&leader, libc::SIGCONT);
+    // Its renew deadline passed while it was stopped (or its first renewal reads the new
+    // holder): it ends its term at once and campaigns again (the line is logged once its
+    // controllers have stopped).
+    wait_until_async("the old leader to give up", WAIT, || async {
+        let log = leader.log();
+        log.contains("leadership lost")
+            .then_some(())
+            .ok_or_else(|| log.lines().rev().take(5).collect::<Vec<_>>().join("\n"))
+    })
+    .await;
+    let m = http_get(&ops_leader, "/metrics").await.unwrap();
+    assert_eq!(
+        metric(
+            &m,
+            "skiff_controller_leader{lease=\"kube-controller-manager\"}"
+        ),
+        Some(0.0)
+    );
+    assert_eq!(holder(&leases).await, Some(second.clone()));
+    // A marker pod (no controller selects it): once the watch delivers it, it has delivered
+    // every pod event before it.
+    let marker: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "marker", "labels": {"app": "marker"}},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &marker).await.unwrap();
+    let mut seen = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while let Some(e) = events.next().await {
+            match e.unwrap() {
+                WatchEvent::Added(p) if p.name_any() == "marker" => return,
+                WatchEvent::Added(p) => seen.push(format!("added {}", p.name_any())),
+                WatchEvent::Deleted(p) => seen.push(format!("deleted {}", p.name_any())),
+                WatchEvent::Modified(_) | WatchEvent::Bookmark(_) => {}
+                WatchEvent::Error(e) => panic!("{e:?}"),
+            }
+        }
+        panic!("the watch ended");
+    })
+    .await
+    .expect("the marker pod in the watch");
+    let refused = leader.log().matches("write refused").count();
+    eprintln!("the resumed leader had {refused} writes refused by its fence");
+    assert!(
+        seen.is_empty(),
+        "the deposed leader created or deleted pods: {seen:?}"
+    );
+    let mut now: Vec<String> = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    now.sort();
+    assert_eq!(now, names, "exactly the new leader's 5 pods");
+    // The events of the creations name only the two leaders, the last 3 the new one.
+    let by = wait_until_async("5 SuccessfulCreate events", WAIT, || async {
+        let by = creators(&c).await;
+        (by.len() == 5).then_some(by.clone()).ok_or(by)
+    })
+    .await;
+    assert_eq!(by.iter().filter(|i| **i == second).count(), 3, "{by:?}");
     c.shutdown().await;
 }
 

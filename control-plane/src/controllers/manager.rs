@@ -1,7 +1,8 @@
 //! The controller-manager process: the ops endpoint (health, metrics) and the controllers,
 //! under leader election so that of several controller-managers only one acts. Each won
 //! term starts the controllers afresh (new informers, empty queues); a lost term stops them
-//! before the lease can pass to another process.
+//! before the lease can pass to another process, and their writes go through a client that
+//! refuses them once the lease may be another's ([`LeaderElector::fenced`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -97,8 +98,11 @@ impl ControllerManager {
             tokio::spawn(async move {
                 match elector {
                     Some(e) => {
+                        // Each term writes through a client fenced by the lease: a deposed
+                        // leader's stale controllers cannot write before the term ends.
                         e.run(token, |term| {
-                            super::run(client.clone(), settings.clone(), metrics.clone(), term)
+                            let client = e.fenced(client.clone(), &term);
+                            super::run(client, settings.clone(), metrics.clone(), term)
                         })
                         .await;
                     }

@@ -1,28 +1,61 @@
-//! Leader election through a coordination.k8s.io/v1 Lease, with client-go's algorithm and
-//! defaults (lease 15 s, renew deadline 10 s, retry 2 s):
+//! Leader election through a coordination.k8s.io/v1 Lease, with client-go's defaults (lease
+//! 15 s, renew deadline 10 s, retry 2 s) and its algorithm, except where noted:
 //!
 //! - A candidate takes the Lease when it is free or when its holder has not renewed it for a
 //!   whole lease duration, measured on the candidate's own monotonic clock from the moment it
-//!   last saw the record change (so clock skew between machines does not matter).
+//!   saw the record change (so clock skew between machines does not matter: renewTime is
+//!   never compared with a local clock).
 //! - The leader renews every retry period; if it cannot renew within the renew deadline it
 //!   stops acting at once. Because the renew deadline is shorter than the lease duration, the
 //!   old leader has stopped before any standby can take over: two processes never both act.
 //! - On shutdown the leader releases the Lease so a standby takes over without waiting.
 //!
 //! Writes use the Lease's resourceVersion (optimistic concurrency), so two candidates racing
-//! for a free Lease cannot both win.
+//! for a free Lease cannot both win, and a deposed leader's renewal fails with 409 Conflict.
+//!
+//! Where it differs from client-go, and why:
+//!
+//! - client-go's standbys only poll (every retry period plus up to 1.2x jitter), so they see
+//!   a renewal up to 4.4 s late and notice the expiry up to 4.4 s late again: a takeover
+//!   after a SIGKILL took up to ~24 s. Here a standby also watches the one Lease (field
+//!   selector `metadata.name`), so it sees each renewal when it happens, and sleeps until the
+//!   moment the observed record expires (or the next poll, whichever is first): it takes over
+//!   at the last renewal + the lease duration + one round trip. The poll stays, for when the
+//!   watch is down ([`standby_wake`]).
+//! - A free Lease (released on shutdown, seen through the watch) is tried for at once.
+//! - The renew deadline counts from the start of the last successful renewal (client-go:
+//!   from the start of the renewal round after it, up to one retry period later), so a
+//!   leader resumed after a SIGSTOP longer than the deadline ends its term before it sends a
+//!   request.
+//! - A renewal that reads another holder ends the term at once (client-go retries until the
+//!   renew deadline): the leader was deposed and must not act a moment longer.
+//! - While leading, the controllers write through [`LeaderElector::fenced`], a client that
+//!   refuses writes once the term has ended or the last renewal began more than the renew
+//!   deadline ago. A leader resumed after a SIGSTOP has its old informers and queues; before
+//!   its renewal has even been answered, the fence already refuses what they would write
+//!   (pods a ReplicaSet already has from the new leader), since its clock says the lease may
+//!   be another's. Writes that carry a resourceVersion would fail their precondition anyway;
+//!   creations carry none, hence the fence.
 
 use std::future::Future;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+// tower's Service trait (what kube's `Client::new` takes), as tonic re-exports it.
+use tonic::codegen::Service;
 
 use super::controller::api_code;
 use super::metrics::Metrics;
@@ -118,13 +151,50 @@ struct Observed {
     at: Instant,
 }
 
+/// When a standby next tries for the lease. `last_attempt`: when its last attempt began;
+/// `poll_at`: its next periodic poll; `observed_at`: when it saw `record` (None: not seen)
+/// change. A free lease is due at once, a held one when it expires on the standby's clock;
+/// but a state the last attempt already met (it began after the due time, and failed)
+/// waits for the poll, so a failing API server is not asked in a loop.
+fn standby_wake(
+    last_attempt: Instant,
+    poll_at: Instant,
+    observed_at: Instant,
+    record: Option<&Record>,
+) -> Instant {
+    let due = match record {
+        None => return poll_at,
+        Some(r) if r.holder.is_empty() => observed_at,
+        Some(r) => observed_at + r.duration,
+    };
+    if due <= last_attempt {
+        poll_at
+    } else {
+        due.min(poll_at)
+    }
+}
+
+/// What one attempt on the lease found.
+#[derive(Debug, PartialEq)]
+enum Attempt {
+    /// It is ours now.
+    Held,
+    /// Another holder's, and not expired.
+    HeldBy(String),
+    /// Reading or writing it failed (a conflict included): try again.
+    Failed,
+}
+
 /// One candidate for a lease.
 pub struct LeaderElector {
     api: Api<Lease>,
     config: LeaderElectionConfig,
     metrics: Metrics,
     observed: Mutex<Observed>,
-    last_renew: Mutex<Option<Instant>>,
+    /// The watch saw the record change.
+    changed: Notify,
+    /// When the last successful acquisition or renewal began (before its write).
+    renewed: Arc<Mutex<Option<Instant>>>,
     leading: AtomicBool,
 }
 
@@ -139,7 +209,8 @@ impl LeaderElector {
                 record: None,
                 at: Instant::now(),
             }),
-            last_renew: Mutex::new(None),
+            changed: Notify::new(),
+            renewed: Arc::new(Mutex::new(None)),
             leading: AtomicBool::new(false),
         }
     }
@@ -159,8 +230,25 @@ impl LeaderElector {
         if !self.is_leader() {
             return true;
         }
-        let last = *self.last_renew.lock().unwrap_or_else(|p| p.into_inner());
+        let last = *self.renewed.lock().unwrap_or_else(|p| p.into_inner());
         last.is_none_or(|t| t.elapsed() <= self.config.lease_duration + Duration::from_secs(20))
+    }
+
+    /// `client` for the work of one `term`: its writes (POST, PUT, PATCH, DELETE) fail at
+    /// once, without reaching the server, when `term` has ended or the last renewal began
+    /// more than the renew deadline ago (the lease may be another's by now); reads and
+    /// watches pass.
+    pub fn fenced(&self, client: Client, term: &CancellationToken) -> Client {
+        let namespace = client.default_namespace().to_string();
+        Client::new(
+            Fenced {
+                client,
+                term: term.clone(),
+                renewed: self.renewed.clone(),
+                deadline: self.config.renew_deadline,
+            },
+            namespace,
+        )
     }
 
     /// Campaigns for the lease until `token` is cancelled; each time it is won, runs
@@ -180,10 +268,8 @@ impl LeaderElector {
             tracing::info!(lease = %self.config.name, identity = %self.config.identity, "became leader");
             let term = token.child_token();
             {
-                let leading = lead(term.clone());
-                let mut leading = std::pin::pin!(leading);
-                let renewing = self.renew_until_lost(&term);
-                let mut renewing = std::pin::pin!(renewing);
+                let mut leading = pin!(lead(term.clone()));
+                let mut renewing = pin!(self.renew_until_lost(&term));
                 tokio::select! {
                     _ = &mut leading => term.cancel(),
                     _ = &mut renewing => {
@@ -210,68 +296,127 @@ impl LeaderElector {
         self.metrics.set_leader(&self.config.name, leading);
     }
 
-    /// Retries until the lease is ours (true) or `token` is cancelled (false).
+    /// Retries until the lease is ours (true) or `token` is cancelled (false). Meanwhile the
+    /// Lease is watched, so each renewal of the holder is seen when it happens.
     async fn acquire(&self, token: &CancellationToken) -> bool {
-        let mut logged = false;
-        loop {
-            if token.is_cancelled() {
-                return false;
+        let campaign = async {
+            let mut logged = false;
+            loop {
+                if token.is_cancelled() {
+                    return false;
+                }
+                let last_attempt = Instant::now();
+                match self.try_acquire_or_renew().await {
+                    Attempt::Held => return true,
+                    Attempt::HeldBy(holder) if !logged => {
+                        tracing::info!(lease = %self.config.name, %holder, "waiting to acquire the lease");
+                        logged = true;
+                    }
+                    Attempt::HeldBy(_) | Attempt::Failed => {}
+                }
+                // client-go's JitterUntil(retryPeriod, 1.2): spread candidates apart.
+                let jitter = self
+                    .config
+                    .retry_period
+                    .mul_f64(rand::random::<f64>() * 1.2);
+                let poll_at = Instant::now() + self.config.retry_period + jitter;
+                loop {
+                    let wake = {
+                        let o = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+                        standby_wake(last_attempt, poll_at, o.at, o.record.as_ref())
+                    };
+                    tokio::select! {
+                        _ = token.cancelled() => return false,
+                        _ = tokio::time::sleep_until(wake.into()) => break,
+                        // A renewal or a release: when to wake is another time now.
+                        _ = self.changed.notified() => {}
+                    }
+                }
             }
-            if self.try_acquire_or_renew().await {
-                return true;
-            }
-            if !logged {
-                let holder = self
-                    .observed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .record
-                    .as_ref()
-                    .map(|r| r.holder.clone())
-                    .unwrap_or_default();
-                tracing::info!(lease = %self.config.name, %holder, "waiting to acquire the lease");
-                logged = true;
-            }
-            // client-go's JitterUntil(retryPeriod, 1.2): spread candidates apart.
-            let jitter = self
-                .config
-                .retry_period
-                .mul_f64(rand::random::<f64>() * 1.2);
-            tokio::select! {
-                _ = token.cancelled() => return false,
-                _ = tokio::time::sleep(self.config.retry_period + jitter) => {}
-            }
+        };
+        tokio::select! {
+            won = campaign => won,
+            _ = self.watch() => false,
         }
     }
 
-    /// Renews every retry period; returns when a renewal has not succeeded within the renew
-    /// deadline (or when `term` is cancelled).
+    /// Watches the one Lease and records each change of its record when it arrives; never
+    /// returns (kube-runtime's watcher lists again and watches again after errors, backing
+    /// off).
+    async fn watch(&self) {
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.config.name));
+        let mut events = pin!(watcher(self.api.clone(), config).default_backoff());
+        while let Some(event) = events.next().await {
+            let record = match event {
+                Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => Some(Record::of(&l)),
+                Ok(watcher::Event::Delete(_)) => None,
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                Err(e) => {
+                    tracing::debug!(lease = %self.config.name, error = %e, "watching the lease");
+                    continue;
+                }
+            };
+            let changed = {
+                let mut o = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+                if o.record != record {
+                    o.record = record;
+                    o.at = Instant::now();
+                    true
+                } else {
+                    false
+                }
+            };
+            if changed {
+                self.changed.notify_one();
+            }
+        }
+        std::future::pending::<()>().await
+    }
+
+    /// Renews every retry period; returns when no renewal has succeeded within the renew
+    /// deadline of the start of the last one, at once when a renewal finds another holder
+    /// (we were deposed), or when `term` is cancelled.
     async fn renew_until_lost(&self, term: &CancellationToken) {
         loop {
             tokio::select! {
                 _ = term.cancelled() => return,
                 _ = tokio::time::sleep(self.config.retry_period) => {}
             }
-            let renewed = tokio::time::timeout(self.config.renew_deadline, async {
+            let since = self
+                .renewed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(Instant::now);
+            let deadline = tokio::time::Instant::from_std(since + self.config.renew_deadline);
+            let renewed = tokio::time::timeout_at(deadline, async {
                 loop {
-                    if self.try_acquire_or_renew().await {
-                        return;
+                    match self.try_acquire_or_renew().await {
+                        Attempt::Held => return None,
+                        Attempt::HeldBy(holder) => return Some(holder),
+                        Attempt::Failed => tokio::time::sleep(self.config.retry_period).await,
                     }
-                    tokio::time::sleep(self.config.retry_period).await;
                 }
             });
             tokio::select! {
                 _ = term.cancelled() => return,
-                r = renewed => if r.is_err() {
-                    tracing::error!(lease = %self.config.name, deadline = ?self.config.renew_deadline, "failed to renew the lease within the deadline");
-                    return;
+                r = renewed => match r {
+                    Ok(None) => {}
+                    Ok(Some(holder)) => {
+                        tracing::error!(lease = %self.config.name, %holder, "the lease has another holder: deposed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::error!(lease = %self.config.name, deadline = ?self.config.renew_deadline, "failed to renew the lease within the deadline");
+                        return;
+                    }
                 },
             }
         }
     }
 
-    /// One attempt: take a free or expired lease, or renew ours. True if we hold it now.
-    async fn try_acquire_or_renew(&self) -> bool {
+    /// One attempt: take a free or expired lease, or renew ours.
+    async fn try_acquire_or_renew(&self) -> Attempt {
         let now = Timestamp::now();
         let mut desired = Record {
             holder: self.config.identity.clone(),
@@ -284,7 +429,7 @@ impl LeaderElector {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(lease = %self.config.name, error = %e, "reading the lease failed");
-                return false;
+                return Attempt::Failed;
             }
         };
         let Some(mut lease) = current else {
@@ -296,16 +441,18 @@ impl LeaderElector {
                 },
                 spec: Some(desired.spec()),
             };
+            let began = Instant::now();
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => {
                     self.observe(Some(desired), Instant::now());
-                    true
+                    *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(began);
+                    Attempt::Held
                 }
                 Err(e) => {
                     if api_code(&e) != Some(409) {
                         tracing::warn!(lease = %self.config.name, error = %e, "creating the lease failed");
                     }
-                    false
+                    Attempt::Failed
                 }
             };
         };
@@ -320,7 +467,7 @@ impl LeaderElector {
         };
         let ours = old.holder == self.config.identity;
         if !old.holder.is_empty() && !ours && observed_at.elapsed() < old.duration {
-            return false;
+            return Attempt::HeldBy(old.holder);
         }
         if ours {
             desired.acquired = old.acquired;
@@ -329,22 +476,23 @@ impl LeaderElector {
             desired.transitions = old.transitions.saturating_add(1);
         }
         lease.spec = Some(desired.spec());
+        // The write carries the resourceVersion read: if anyone wrote in between, 409.
+        let began = Instant::now();
         match self
             .api
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await
         {
             Ok(_) => {
-                let at = Instant::now();
-                self.observe(Some(desired), at);
-                *self.last_renew.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
-                true
+                self.observe(Some(desired), Instant::now());
+                *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(began);
+                Attempt::Held
             }
             Err(e) => {
                 if api_code(&e) != Some(409) {
                     tracing::warn!(lease = %self.config.name, error = %e, "updating the lease failed");
                 }
-                false
+                Attempt::Failed
             }
         }
     }
@@ -402,6 +550,60 @@ impl LeaderElector {
     }
 }
 
+/// The service under a [`LeaderElector::fenced`] client.
+#[derive(Clone)]
+struct Fenced {
+    client: Client,
+    term: CancellationToken,
+    renewed: Arc<Mutex<Option<Instant>>>,
+    deadline: Duration,
+}
+
+impl Fenced {
+    /// Why a write may not go out now, if it may not.
+    fn closed(&self) -> Option<String> {
+        if self.term.is_cancelled() {
+            return Some("the leadership term has ended".into());
+        }
+        let renewed = *self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        let since = renewed.map(|t| t.elapsed());
+        if since.is_none_or(|s| s > self.deadline) {
+            return Some(format!(
+                "the lease was last renewed {since:?} ago (renew deadline {:?}): it may be another's",
+                self.deadline
+            ));
+        }
+        None
+    }
+}
+
+impl Service<http::Request<kube::client::Body>> for Fenced {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, kube::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let reads = matches!(
+            *request.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        if !reads {
+            if let Some(why) = self.closed() {
+                tracing::warn!(method = %request.method(), uri = %request.uri(), %why, "write refused: not the leader");
+                return Box::pin(std::future::ready(Err(kube::Error::Service(
+                    format!("not the leader: {why}").into(),
+                ))));
+            }
+        }
+        let client = self.client.clone();
+        Box::pin(async move { client.send(request).await })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +635,50 @@ mod tests {
             spec: Some(r.spec()),
         };
         assert_eq!(Record::of(&lease), r);
+    }
+
+    fn held(holder: &str, seconds: u64) -> Record {
+        Record {
+            holder: holder.into(),
+            duration: Duration::from_secs(seconds),
+            acquired: None,
+            renewed: None,
+            transitions: 0,
+        }
+    }
+
+    #[test]
+    fn a_standby_wakes_when_the_observed_lease_expires_or_at_the_next_poll() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let lease = held("a", 15);
+        // A renewal seen at t0: it expires at t0+15, the poll at t0+3 comes first.
+        assert_eq!(standby_wake(t0, t0 + s(3), t0, Some(&lease)), t0 + s(3));
+        // Seen at t0-13: it expires at t0+2, before the poll: wake right at the expiry.
+        assert_eq!(
+            standby_wake(t0, t0 + s(3), t0 - s(13), Some(&lease)),
+            t0 + s(2)
+        );
+        // Already expired when the last attempt began (which then failed, a conflict or an
+        // error): not again at once, at the poll.
+        assert_eq!(
+            standby_wake(t0, t0 + s(3), t0 - s(16), Some(&lease)),
+            t0 + s(3)
+        );
+        // Expired after the attempt began (a slow attempt): at once.
+        assert_eq!(
+            standby_wake(t0 - s(1), t0 + s(3), t0 - s(15), Some(&lease)),
+            t0
+        );
+        // Released (the watch saw it after the last attempt): at once.
+        let free = held("", 1);
+        assert_eq!(
+            standby_wake(t0, t0 + s(3), t0 + s(1), Some(&free)),
+            t0 + s(1)
+        );
+        // Free when the last attempt began, which failed: at the poll.
+        assert_eq!(standby_wake(t0, t0 + s(3), t0, Some(&free)), t0 + s(3));
+        // Nothing seen (the API server did not answer): at the poll.
+        assert_eq!(standby_wake(t0, t0 + s(3), t0, None), t0 + s(3));
     }
 }
