@@ -7,6 +7,9 @@
 //! - `provisioner`: the distributed provisioner task that runs in each node plugin.
 //! - `resizer`: the distributed resizer task (external-resizer) that runs in each node plugin.
 //! - `placement`: the controller that places claims of Immediate classes on a node.
+//!
+//! The provisioner, the resizer and placement are reconcilers run by the control plane's
+//! controller runtime (`control_plane::runtime::Controller`), as every skiff controller.
 
 pub mod proto {
     pub mod csi {
@@ -31,6 +34,7 @@ pub mod plugin;
 pub mod provisioner;
 pub mod registration;
 pub mod resizer;
+mod runtime;
 pub mod sys;
 pub mod volumes;
 

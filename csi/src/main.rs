@@ -113,6 +113,7 @@ async fn run_plugin(a: PluginArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("metrics on {}", a.metrics_addr))?;
     tracing::info!(%addr, "metrics and health listening");
+    let controllers = metrics.controllers.clone();
     let mut running = plugin::start(
         PluginConfig {
             node: a.node_name.clone(),
@@ -134,12 +135,14 @@ async fn run_plugin(a: PluginArgs) -> anyhow::Result<()> {
                 csi: plugin::unix_channel(&endpoint),
                 driver: DRIVER_NAME.to_string(),
                 node: a.node_name.clone(),
+                metrics: controllers.clone(),
             }));
             let provisioner = tokio::spawn(provisioner::run(provisioner::Config {
                 client,
                 csi: plugin::unix_channel(&endpoint),
                 driver: DRIVER_NAME.to_string(),
                 node: a.node_name,
+                metrics: controllers,
             }));
             (Some(provisioner), Some(resizer))
         }
@@ -180,12 +183,16 @@ async fn run_plugin(a: PluginArgs) -> anyhow::Result<()> {
 async fn run_controller(a: ControllerArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let token = CancellationToken::new();
-    let (addr, http) = metrics::serve(a.metrics_addr, metrics, token.clone())
+    let (addr, http) = metrics::serve(a.metrics_addr, metrics.clone(), token.clone())
         .await
         .with_context(|| format!("metrics on {}", a.metrics_addr))?;
     tracing::info!(%addr, "metrics and health listening");
     let client = client(a.kubeconfig.as_ref()).await?;
-    let placing = tokio::spawn(placement::run(client, a.driver));
+    let placing = tokio::spawn(placement::run(
+        client,
+        a.driver,
+        metrics.controllers.clone(),
+    ));
     let result = tokio::select! {
         r = terminated() => r,
         r = placing => match r {

@@ -1,5 +1,8 @@
 //! Prometheus metrics (CSI operations by method and gRPC code, their latency, the node's
-//! volumes and capacity) and the HTTP endpoint serving them with /healthz.
+//! volumes and capacity; the controller runtime's `skiff_controller_*` series of the
+//! provisioner, resizer and placement controllers) and the HTTP endpoint serving them with
+//! /healthz (which fails while a controller keeps panicking on a key, as the controller
+//! manager's does).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -33,6 +36,9 @@ pub struct Metrics {
     pub volumes: Gauge,
     pub allocated_bytes: Gauge,
     pub available_bytes: Gauge,
+    /// The controller runtime's metrics and panic health of this process's controllers
+    /// (provisioner and resizer in the plugin, placement in the controller).
+    pub controllers: control_plane::runtime::Metrics,
 }
 
 impl Default for Metrics {
@@ -89,6 +95,7 @@ impl Metrics {
             volumes,
             allocated_bytes,
             available_bytes,
+            controllers: control_plane::runtime::Metrics::new(),
         }
     }
 
@@ -115,23 +122,37 @@ impl Metrics {
             .observe(start.elapsed().as_secs_f64());
     }
 
+    /// The driver's series, then the controller runtime's, in one exposition (one `# EOF`).
     pub fn render(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        let driver_len = out.trim_end().trim_end_matches("# EOF").trim_end().len();
+        out.truncate(driver_len);
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&self.controllers.render());
         out
+    }
+
+    /// /healthz: Err names the keys a controller keeps panicking on.
+    pub fn health(&self) -> Result<(), String> {
+        self.controllers.panic_health()
     }
 }
 
 /// Serves /metrics and /healthz on `addr` until `token` is cancelled; returns the bound
-/// address (port 0 allowed) and the serving task.
+/// address (port 0 allowed) and the serving task. /healthz answers 500 naming the failing
+/// check while a controller keeps panicking.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     token: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    use axum::{routing::get, Router};
+    use axum::{http::StatusCode, routing::get, Router};
+    let health = metrics.clone();
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = Router::new()
@@ -150,7 +171,21 @@ pub async fn serve(
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route(
+            "/healthz",
+            get(move || {
+                let m = health.clone();
+                async move {
+                    match m.health() {
+                        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                        Err(e) => (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("[-]controllers failed: {e}\nhealthz check failed\n"),
+                        ),
+                    }
+                }
+            }),
+        );
     let task = tokio::spawn(async move {
         let r = axum::serve(listener, app)
             .with_graceful_shutdown(async move { token.cancelled().await })
@@ -160,4 +195,59 @@ pub async fn serve(
         }
     });
     Ok((bound, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use control_plane::runtime::metrics::{Outcome, PANICS_UNHEALTHY};
+
+    #[test]
+    fn one_exposition_with_the_driver_and_the_controller_runtime_series() {
+        let m = Metrics::new();
+        m.volumes.set(2);
+        m.controllers
+            .reconciled("provisioner", Outcome::Error, 0.01);
+        let text = m.render();
+        assert!(text.contains("skiff_csi_volumes 2\n"), "{text}");
+        assert!(
+            text.contains("skiff_controller_reconcile_errors_total{controller=\"provisioner\"} 1"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn healthz_fails_while_a_controller_keeps_panicking() {
+        let m = Arc::new(Metrics::new());
+        let token = CancellationToken::new();
+        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), m.clone(), token.clone())
+            .await
+            .unwrap();
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+        for _ in 0..PANICS_UNHEALTHY {
+            m.controllers
+                .panicked("resizer", "default/data".into(), "index out of bounds");
+        }
+        let answer = get("/healthz").await;
+        assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+        assert!(answer.contains("controller resizer: reconcile of default/data panicked 3 times in a row: index out of bounds"), "{answer}");
+        let metrics = get("/metrics").await;
+        assert!(
+            metrics.contains("skiff_controller_reconcile_panics_total{controller=\"resizer\"} 3"),
+            "{metrics}"
+        );
+        token.cancel();
+        task.await.unwrap();
+    }
 }

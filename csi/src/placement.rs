@@ -8,18 +8,21 @@
 //! Scale: the bytes per node are kept incrementally from PersistentVolume events (each
 //! event moves one volume's capacity), the registered nodes come from an index of CSINodes
 //! by driver, and only claims of this driver's Immediate classes without a node are queued;
-//! a placement costs O(registered nodes).
+//! a placement costs O(registered nodes). The claims are reconciled one at a time by the
+//! control plane's controller runtime (`control_plane::runtime::Controller`, controller name
+//! `placement`), failures retried with back-off (1 s doubling to 5 min).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use control_plane::runtime::controller::api_code;
+use control_plane::runtime::controller::{api_code, involved};
 use control_plane::runtime::queue::Backoff;
 use control_plane::runtime::{
-    Change, EventSink, EventType, Informer, ObjectKey, Recorder, WorkQueue,
+    Action, Change, Controller, EventSink, EventType, Informer, Metrics, ObjectKey, ReconcileError,
+    Reconciler, Recorder, WorkQueue,
 };
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
@@ -28,12 +31,15 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::provisioner::{quantity_bytes, volume_node, SELECTED_NODE};
+use crate::runtime::StopOnDrop;
 
 /// Retries of one claim: 1 s doubling up to 5 min.
 const RETRY: Backoff = Backoff {
     base: Duration::from_secs(1),
     max: Duration::from_secs(300),
 };
+/// The controller's name in the runtime's metrics and logs.
+const NAME: &str = "placement";
 /// CSINodes by the drivers they list.
 const BY_DRIVER: &str = "placement.drivers";
 /// Claims by class name.
@@ -169,6 +175,8 @@ struct Placement {
     csinodes: Informer<CSINode>,
     load: Arc<Mutex<Load>>,
     recorder: Recorder,
+    /// Claims that found no node with the driver: queued again when a node registers it.
+    waiting: Arc<Mutex<BTreeSet<ObjectKey>>>,
 }
 
 impl Placement {
@@ -241,10 +249,37 @@ fn lock(load: &Mutex<Load>) -> std::sync::MutexGuard<'_, Load> {
     load.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Places the claims of `driver`'s Immediate classes until the returned future is dropped.
-pub async fn run(client: Client, driver: String) -> anyhow::Result<()> {
+impl Reconciler for Placement {
+    type Key = ObjectKey;
+
+    async fn reconcile(&self, key: &ObjectKey) -> Result<Action, ReconcileError> {
+        match self.sync(key).await {
+            Ok(()) => Ok(Action::AwaitChange),
+            Err(error) => {
+                self.waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone());
+                Err(ReconcileError::Retry(error))
+            }
+        }
+    }
+
+    fn involved_object(&self, key: &ObjectKey) -> Option<(Recorder, ObjectReference)> {
+        involved(&self.claims, key, &self.recorder)
+    }
+}
+
+/// Places the claims of `driver`'s Immediate classes until the returned future is dropped;
+/// `metrics` are the controller runtime's (the binary's
+/// [`crate::metrics::Metrics::controllers`]).
+pub async fn run(client: Client, driver: String, metrics: Metrics) -> anyhow::Result<()> {
     let token = CancellationToken::new();
-    let _stop = token.clone().drop_guard();
+    let queue: WorkQueue<ObjectKey> = WorkQueue::with_backoff(RETRY);
+    let _stop = StopOnDrop {
+        token: token.clone(),
+        queue: queue.clone(),
+    };
     let claims: Informer<PersistentVolumeClaim> =
         Informer::new(Api::all(client.clone()), watcher::Config::default());
     let volumes: Informer<PersistentVolume> =
@@ -261,6 +296,7 @@ pub async fn run(client: Client, driver: String) -> anyhow::Result<()> {
     let events = EventSink::start(client.clone(), host, token.clone());
     let component: &'static str = Box::leak(format!("{driver}_placement").into_boxed_str());
     let load = Arc::new(Mutex::new(Load::default()));
+    let waiting: Arc<Mutex<BTreeSet<ObjectKey>>> = Arc::default();
     let p = Arc::new(Placement {
         client,
         driver: driver.clone(),
@@ -269,8 +305,8 @@ pub async fn run(client: Client, driver: String) -> anyhow::Result<()> {
         csinodes: csinodes.clone(),
         load: load.clone(),
         recorder: events.recorder(component),
+        waiting: waiting.clone(),
     });
-    let queue: WorkQueue<ObjectKey> = WorkQueue::with_backoff(RETRY);
 
     let (q, l) = (queue.clone(), load.clone());
     claims.on_change(move |c| {
@@ -308,7 +344,6 @@ pub async fn run(client: Client, driver: String) -> anyhow::Result<()> {
     });
     // A node registering the driver: the claims that found none are tried again (the
     // queue only holds those that failed; they are in back-off).
-    let waiting: Arc<Mutex<BTreeSet<ObjectKey>>> = Arc::default();
     let (q, d, w) = (queue.clone(), driver.clone(), waiting.clone());
     csinodes.on_change(move |c| {
         let has = |n: &CSINode| n.spec.drivers.iter().any(|x| x.name == d);
@@ -332,6 +367,7 @@ pub async fn run(client: Client, driver: String) -> anyhow::Result<()> {
             csinodes.clone().run(token.clone()),
         );
     };
+    let controller = Controller::new(NAME, p.clone(), queue.clone(), 1, metrics);
     let worker = async {
         // The load must be complete before the first choice.
         volumes.wait_synced().await;
@@ -339,20 +375,7 @@ pub async fn run(client: Client, driver: String) -> anyhow::Result<()> {
         classes.wait_synced().await;
         claims.wait_synced().await;
         tracing::info!(driver = %p.driver, "placement started");
-        while let Some(key) = queue.get().await {
-            match p.sync(&key).await {
-                Ok(()) => queue.forget(&key),
-                Err(error) => {
-                    tracing::warn!(claim = %format!("{}/{}", key.namespace_or_empty(), key.name), %error, "placement failed; retrying");
-                    waiting
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key.clone());
-                    queue.add_rate_limited(key.clone());
-                }
-            }
-            queue.done(&key);
-        }
+        controller.run(token.clone()).await;
     };
     tokio::join!(informers, worker);
     Ok(())

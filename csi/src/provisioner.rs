@@ -11,9 +11,11 @@
 //!
 //! Every node's provisioner sees every claim, but only claims placed on its node (and
 //! volumes pinned to it) are ever queued: the per-event cost is a few annotation lookups, and
-//! nothing is relisted per event. Failures are retried per object with exponential back-off
-//! (1 s doubling to 5 min); final CreateVolume errors instead give the claim back to the
-//! scheduler by removing its selected-node annotation, as external-provisioner does.
+//! nothing is relisted per event. The work (a claim or a volume) is reconciled by the control
+//! plane's controller runtime (`control_plane::runtime::Controller`, controller name
+//! `provisioner`): failures are retried per object with exponential back-off (1 s doubling to
+//! 5 min); final CreateVolume errors instead give the claim back to the scheduler by removing
+//! its selected-node annotation, as external-provisioner does.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -22,10 +24,11 @@ use std::time::Duration;
 
 use control_plane::machinery::quantity::Format;
 use control_plane::machinery::Quantity;
-use control_plane::runtime::controller::api_code;
+use control_plane::runtime::controller::{api_code, involved};
 use control_plane::runtime::queue::Backoff;
 use control_plane::runtime::{
-    Change, EventSink, EventType, Informer, ObjectKey, Recorder, WorkQueue,
+    Action, Change, Controller, EventSink, EventType, Informer, ObjectKey, ReconcileError,
+    Reconciler, Recorder, WorkQueue,
 };
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -45,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::proto::csi::v1 as csi;
+use crate::runtime::StopOnDrop;
 use csi::controller_client::ControllerClient;
 
 /// Set by the scheduler (or [`crate::placement`]) on a claim: the node to provision on.
@@ -73,6 +77,8 @@ const RETRY: Backoff = Backoff {
 };
 /// How many objects are worked on at once.
 const WORKERS: usize = 4;
+/// The controller's name in the runtime's metrics and logs.
+const NAME: &str = "provisioner";
 /// A CSI call that takes longer is abandoned and retried (the calls are idempotent).
 const CSI_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often a PV create that failed after CreateVolume is tried again within one attempt.
@@ -87,6 +93,8 @@ pub struct Config {
     pub driver: String,
     /// This node's name.
     pub node: String,
+    /// The controller runtime's metrics (the plugin's [`crate::metrics::Metrics::controllers`]).
+    pub metrics: control_plane::runtime::Metrics,
 }
 
 /// The counters external-provisioner's controller library exports (by class).
@@ -161,17 +169,6 @@ struct Created {
 /// never gets the volume made for it).
 fn still_there(claim: &PersistentVolumeClaim, uid: &str) -> bool {
     claim.uid().as_deref() == Some(uid) && claim.meta().deletion_timestamp.is_none()
-}
-
-/// Why one attempt must be retried after the object's back-off.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Retry(String);
-
-impl From<kube::Error> for Retry {
-    fn from(e: kube::Error) -> Retry {
-        Retry(format!("API request failed: {e}"))
-    }
 }
 
 struct Provisioner {
@@ -531,7 +528,7 @@ impl Provisioner {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    async fn sync(&self, work: &Work) -> Result<(), Retry> {
+    async fn sync(&self, work: &Work) -> Result<(), ReconcileError> {
         match work {
             Work::Claim(key) => self.sync_claim(key).await,
             Work::Volume(name) => self.sync_volume(name).await,
@@ -539,7 +536,7 @@ impl Provisioner {
     }
 
     /// Provisions the claim `key` if it is ours and has no volume yet.
-    async fn sync_claim(&self, key: &ObjectKey) -> Result<(), Retry> {
+    async fn sync_claim(&self, key: &ObjectKey) -> Result<(), ReconcileError> {
         let claim = self.claims.get(key);
         self.delete_orphan(key, claim.as_deref()).await?;
         let Some(claim) = claim else {
@@ -561,7 +558,7 @@ impl Provisioner {
                 "failed to provision volume with StorageClass {class_name:?}: storageclass.storage.k8s.io {class_name:?} not found"
             );
             self.failed(&claim, &class_name, message.clone());
-            return Err(Retry(message));
+            return Err(ReconcileError::Retry(message));
         };
         if class.provisioner != self.driver {
             // Another provisioner's class: not ours to act on (as external-provisioner).
@@ -612,7 +609,7 @@ impl Provisioner {
                     "failed to provision volume with StorageClass {class_name:?}: CreateVolume returned no volume"
                 );
                 self.failed(&claim, &class_name, message.clone());
-                return Err(Retry(message));
+                return Err(ReconcileError::Retry(message));
             }
             Err(status) => {
                 let message = format!(
@@ -623,7 +620,7 @@ impl Provisioner {
                 if is_final(status.code()) {
                     return self.unselect(&claim).await;
                 }
-                return Err(Retry(message));
+                return Err(ReconcileError::Retry(message));
             }
         };
         let pv = build_volume(&claim, &class, &volume, &self.driver, &self.node);
@@ -649,7 +646,7 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         class_name: &str,
         pv: PersistentVolume,
-    ) -> Result<(), Retry> {
+    ) -> Result<(), ReconcileError> {
         let pv_name = pv.name_any();
         let mut delay = Duration::from_millis(100);
         for attempt in 0..PV_CREATE_TRIES {
@@ -677,7 +674,7 @@ impl Provisioner {
                     key.name
                 );
                 self.failed(claim, class_name, message.clone());
-                return Err(Retry(message));
+                return Err(ReconcileError::Retry(message));
             }
             tokio::time::sleep(delay).await;
             delay *= 2;
@@ -703,7 +700,7 @@ impl Provisioner {
         &self,
         key: &ObjectKey,
         claim: Option<&PersistentVolumeClaim>,
-    ) -> Result<(), Retry> {
+    ) -> Result<(), ReconcileError> {
         let volume_id = {
             let created = self.lock_created();
             match created.get(key) {
@@ -716,7 +713,7 @@ impl Provisioner {
         tracing::info!(claim = %Work::Claim(key.clone()), volume = %volume_id, "claim gone before its PersistentVolume was written: deleting the volume");
         self.delete_volume(&volume_id)
             .await
-            .map_err(|s| Retry(rpc_error(&s)))?;
+            .map_err(|s| ReconcileError::Retry(rpc_error(&s)))?;
         self.lock_created().remove(key);
         Ok(())
     }
@@ -749,7 +746,7 @@ impl Provisioner {
     }
 
     /// Gives a claim back to the scheduler: removes its selected-node annotation.
-    async fn unselect(&self, claim: &PersistentVolumeClaim) -> Result<(), Retry> {
+    async fn unselect(&self, claim: &PersistentVolumeClaim) -> Result<(), ReconcileError> {
         let patch = json!({"metadata": {"annotations": {SELECTED_NODE: null}}});
         match self
             .claims_api(&claim.namespace().unwrap_or_default())
@@ -767,7 +764,7 @@ impl Provisioner {
     }
 
     /// Reclaims the volume `name` if it is ours and released.
-    async fn sync_volume(&self, name: &str) -> Result<(), Retry> {
+    async fn sync_volume(&self, name: &str) -> Result<(), ReconcileError> {
         let Some(pv) = self.volumes.get(&ObjectKey::cluster(name)) else {
             return Ok(());
         };
@@ -804,7 +801,7 @@ impl Provisioner {
                             "VolumeFailedDelete",
                             message.clone(),
                         );
-                        return Err(Retry(message));
+                        return Err(ReconcileError::Retry(message));
                     }
                     lock(&self.reclaimed).insert(uid);
                     COUNTERS.deleted.get_or_create(&class_label(&class)).inc();
@@ -825,7 +822,7 @@ impl Provisioner {
 
     /// Takes [`FINALIZER`] out of `pv`'s finalizers (conditional on the version read: a
     /// finalizer added meanwhile is never dropped; a conflict is retried).
-    async fn remove_finalizer(&self, pv: &PersistentVolume) -> Result<(), Retry> {
+    async fn remove_finalizer(&self, pv: &PersistentVolume) -> Result<(), ReconcileError> {
         if !has_finalizer(pv) {
             return Ok(());
         }
@@ -852,10 +849,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl Reconciler for Provisioner {
+    type Key = Work;
+
+    async fn reconcile(&self, work: &Work) -> Result<Action, ReconcileError> {
+        self.sync(work).await.map(|()| Action::AwaitChange)
+    }
+
+    fn involved_object(&self, work: &Work) -> Option<(Recorder, ObjectReference)> {
+        match work {
+            Work::Claim(key) => involved(&self.claims, key, &self.recorder),
+            Work::Volume(name) => {
+                involved(&self.volumes, &ObjectKey::cluster(name), &self.recorder)
+            }
+        }
+    }
+}
+
 /// Runs the provisioner of `cfg.node` until the returned future is dropped.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let token = CancellationToken::new();
-    let _stop = token.clone().drop_guard();
+    let queue: WorkQueue<Work> = WorkQueue::with_backoff(RETRY);
+    let _stop = StopOnDrop {
+        token: token.clone(),
+        queue: queue.clone(),
+    };
     let claims: Informer<PersistentVolumeClaim> =
         Informer::new(Api::all(cfg.client.clone()), watcher::Config::default());
     let volumes: Informer<PersistentVolume> =
@@ -879,7 +897,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         created: Mutex::new(HashMap::new()),
         reclaimed: Arc::default(),
     });
-    let queue: WorkQueue<Work> = WorkQueue::with_backoff(RETRY);
 
     let (q, driver, node) = (queue.clone(), p.driver.clone(), p.node.clone());
     claims.on_change(move |c| {
@@ -914,30 +931,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             classes.clone().run(token.clone()),
         );
     };
+    let controller = Controller::new(NAME, p.clone(), queue.clone(), WORKERS, cfg.metrics);
     let workers = async {
         // Classes and volumes first: a claim is only judged against both.
         classes.wait_synced().await;
         volumes.wait_synced().await;
         claims.wait_synced().await;
         tracing::info!(driver = %p.driver, node = %p.node, "provisioner started");
-        futures::future::join_all((0..WORKERS).map(|_| worker(p.clone(), queue.clone()))).await;
+        controller.run(token.clone()).await;
     };
     tokio::join!(informers, workers);
     Ok(())
-}
-
-/// Takes work from the queue until it shuts down.
-async fn worker(p: Arc<Provisioner>, queue: WorkQueue<Work>) {
-    while let Some(work) = queue.get().await {
-        match p.sync(&work).await {
-            Ok(()) => queue.forget(&work),
-            Err(e) => {
-                tracing::warn!(%work, error = %e, retries = queue.retries(&work), "retrying after back-off");
-                queue.add_rate_limited(work.clone());
-            }
-        }
-        queue.done(&work);
-    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,8 @@
 //! `ControllerResizeInfeasible` for errors that retrying the same size cannot fix
 //! (InvalidArgument, OutOfRange) and `ControllerResizeInProgress` otherwise; retried per
 //! claim with exponential back-off (1 s doubling to 5 min) either way, so a lowered request
-//! or freed space is picked up.
+//! or freed space is picked up. The claims are reconciled by the control plane's controller
+//! runtime (`control_plane::runtime::Controller`, controller name `resizer`).
 //!
 //! Every step is recomputed from the objects: a claim still `Resizing` whose volume already
 //! has the request (its status update was lost to a conflict or a crash) gets the state that
@@ -33,15 +34,17 @@
 //! their claimRef names; nothing is relisted.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use control_plane::runtime::controller::api_code;
+use control_plane::runtime::controller::{api_code, involved};
 use control_plane::runtime::queue::Backoff;
-use control_plane::runtime::{Change, EventSink, EventType, Informer, ObjectKey, WorkQueue};
+use control_plane::runtime::{
+    Change, Controller, EventSink, EventType, Informer, ObjectKey, ReconcileError, Reconciler,
+    Recorder, WorkQueue,
+};
 use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -53,6 +56,7 @@ use tonic::transport::Channel;
 
 use crate::proto::csi::v1 as csi;
 use crate::provisioner::{bytes_quantity, quantity_bytes, volume_node};
+use crate::runtime::StopOnDrop;
 use csi::controller_client::ControllerClient;
 
 /// Set by the PV binder on a claim to expand: the resizer that should (the CSI driver).
@@ -82,6 +86,8 @@ const RETRY: Backoff = Backoff {
     max: Duration::from_secs(300),
 };
 const WORKERS: usize = 2;
+/// The controller's name in the runtime's metrics and logs.
+const NAME: &str = "resizer";
 /// A CSI call that takes longer is abandoned and retried (ControllerExpandVolume is
 /// idempotent).
 const CSI_TIMEOUT: Duration = Duration::from_secs(60);
@@ -95,25 +101,8 @@ pub struct Config {
     pub driver: String,
     /// This node's name.
     pub node: String,
-}
-
-/// Why one attempt must be retried after the claim's back-off.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Retry(String);
-
-impl From<kube::Error> for Retry {
-    fn from(e: kube::Error) -> Retry {
-        Retry(format!("API request failed: {e}"))
-    }
-}
-
-struct Key<'a>(&'a ObjectKey);
-
-impl fmt::Display for Key<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.0.namespace_or_empty(), self.0.name)
-    }
+    /// The controller runtime's metrics (the plugin's [`crate::metrics::Metrics::controllers`]).
+    pub metrics: control_plane::runtime::Metrics,
 }
 
 struct Resizer {
@@ -123,7 +112,7 @@ struct Resizer {
     node: String,
     claims: Informer<PersistentVolumeClaim>,
     volumes: Informer<PersistentVolume>,
-    recorder: control_plane::runtime::Recorder,
+    recorder: Recorder,
 }
 
 fn annotation<'a, K: Resource>(o: &'a K, key: &str) -> Option<&'a str> {
@@ -333,7 +322,7 @@ impl Resizer {
         &self,
         claim: &PersistentVolumeClaim,
         status: Value,
-    ) -> Result<PersistentVolumeClaim, Retry> {
+    ) -> Result<PersistentVolumeClaim, ReconcileError> {
         let patch = json!({
             "metadata": {"resourceVersion": claim.resource_version()},
             "status": status,
@@ -348,7 +337,7 @@ impl Resizer {
             .await?)
     }
 
-    async fn sync(&self, key: &ObjectKey) -> Result<(), Retry> {
+    async fn sync(&self, key: &ObjectKey) -> Result<(), ReconcileError> {
         let Some(claim) = self.claims.get(key) else {
             return Ok(());
         };
@@ -409,9 +398,9 @@ impl Resizer {
         pv: &PersistentVolume,
         from: i64,
         to: i64,
-    ) -> Result<(), Retry> {
+    ) -> Result<(), ReconcileError> {
         let pv_name = pv.name_any();
-        tracing::info!(claim = %Key(key), volume = %pv_name, from, to, "resizing");
+        tracing::info!(claim = %key, volume = %pv_name, from, to, "resizing");
         let claim = self
             .patch_claim_status(
                 claim,
@@ -458,7 +447,7 @@ impl Resizer {
                     self.driver,
                     rpc_error(&status)
                 );
-                tracing::warn!(claim = %Key(key), volume = %pv_name, %message, "resize failed");
+                tracing::warn!(claim = %key, volume = %pv_name, %message, "resize failed");
                 self.recorder.event(
                     &claim,
                     EventType::Warning,
@@ -477,7 +466,7 @@ impl Resizer {
                     }),
                 )
                 .await?;
-                return Err(Retry(message));
+                return Err(ReconcileError::Retry(message));
             }
         };
         let size = response.capacity_bytes.max(to);
@@ -516,7 +505,7 @@ impl Resizer {
         pv_name: &str,
         node_expansion: bool,
         size: i64,
-    ) -> Result<(), Retry> {
+    ) -> Result<(), ReconcileError> {
         if node_expansion {
             let claim = self
                 .patch_claim_status(
@@ -533,7 +522,7 @@ impl Resizer {
                 "FileSystemResizeRequired",
                 "Require file system resize of volume on node",
             );
-            tracing::info!(claim = %Key(key), volume = %pv_name, bytes = size, "volume expanded; the node grows the filesystem");
+            tracing::info!(claim = %key, volume = %pv_name, bytes = size, "volume expanded; the node grows the filesystem");
         } else {
             let claim = self
                 .patch_claim_status(
@@ -551,16 +540,37 @@ impl Resizer {
                 "VolumeResizeSuccessful",
                 "Resize volume succeeded",
             );
-            tracing::info!(claim = %Key(key), volume = %pv_name, bytes = size, "volume expanded");
+            tracing::info!(claim = %key, volume = %pv_name, bytes = size, "volume expanded");
         }
         Ok(())
+    }
+}
+
+impl Reconciler for Resizer {
+    type Key = ObjectKey;
+
+    async fn reconcile(
+        &self,
+        key: &ObjectKey,
+    ) -> Result<control_plane::runtime::Action, ReconcileError> {
+        self.sync(key)
+            .await
+            .map(|()| control_plane::runtime::Action::AwaitChange)
+    }
+
+    fn involved_object(&self, key: &ObjectKey) -> Option<(Recorder, ObjectReference)> {
+        involved(&self.claims, key, &self.recorder)
     }
 }
 
 /// Runs the resizer of `cfg.node` until the returned future is dropped.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let token = CancellationToken::new();
-    let _stop = token.clone().drop_guard();
+    let queue: WorkQueue<ObjectKey> = WorkQueue::with_backoff(RETRY);
+    let _stop = StopOnDrop {
+        token: token.clone(),
+        queue: queue.clone(),
+    };
     let claims: Informer<PersistentVolumeClaim> =
         Informer::new(Api::all(cfg.client.clone()), watcher::Config::default());
     let volumes: Informer<PersistentVolume> =
@@ -577,7 +587,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         volumes: volumes.clone(),
         recorder: events.recorder(component),
     });
-    let queue: WorkQueue<ObjectKey> = WorkQueue::with_backoff(RETRY);
 
     let (q, driver) = (queue.clone(), r.driver.clone());
     claims.on_change(move |c| {
@@ -604,27 +613,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             volumes.clone().run(token.clone()),
         );
     };
+    let controller = Controller::new(NAME, r.clone(), queue.clone(), WORKERS, cfg.metrics);
     let workers = async {
         volumes.wait_synced().await;
         claims.wait_synced().await;
         tracing::info!(driver = %r.driver, node = %r.node, "resizer started");
-        futures::future::join_all((0..WORKERS).map(|_| worker(r.clone(), queue.clone()))).await;
+        controller.run(token.clone()).await;
     };
     tokio::join!(informers, workers);
     Ok(())
-}
-
-async fn worker(r: Arc<Resizer>, queue: WorkQueue<ObjectKey>) {
-    while let Some(key) = queue.get().await {
-        match r.sync(&key).await {
-            Ok(()) => queue.forget(&key),
-            Err(e) => {
-                tracing::warn!(claim = %Key(&key), error = %e, retries = queue.retries(&key), "retrying after back-off");
-                queue.add_rate_limited(key.clone());
-            }
-        }
-        queue.done(&key);
-    }
 }
 
 #[cfg(test)]

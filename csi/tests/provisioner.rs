@@ -212,6 +212,7 @@ impl Driver {
             csi: plugin::unix_channel(&self.socket),
             driver: DRIVER_NAME.into(),
             node: node.into(),
+            metrics: control_plane::runtime::Metrics::new(),
         }))
     }
 
@@ -529,8 +530,20 @@ async fn immediate_claims_go_to_the_registered_node_with_the_fewest_bytes() {
     ] {
         c.csinode(node, driver).await;
     }
-    let ours = tokio::spawn(placement::run(c.client.clone(), DRIVER_NAME.into()));
-    let absent = tokio::spawn(placement::run(c.client.clone(), ABSENT.into()));
+    let (ours_metrics, absent_metrics) = (
+        control_plane::runtime::Metrics::new(),
+        control_plane::runtime::Metrics::new(),
+    );
+    let ours = tokio::spawn(placement::run(
+        c.client.clone(),
+        DRIVER_NAME.into(),
+        ours_metrics.clone(),
+    ));
+    let absent = tokio::spawn(placement::run(
+        c.client.clone(),
+        ABSENT.into(),
+        absent_metrics.clone(),
+    ));
 
     let selected = |name: &'static str| {
         let api = c.claims();
@@ -571,6 +584,21 @@ async fn immediate_claims_go_to_the_registered_node_with_the_fewest_bytes() {
     );
     c.csinode("n4", ABSENT).await;
     assert_eq!(selected("lost").await, "n4");
+    // Both ran on the controller runtime: the lost claim's failure is the absent driver's
+    // controller's failed reconcile; ours placed its claims without one.
+    let errors = |m: &control_plane::runtime::Metrics| {
+        support::series_value(
+            &m.render(),
+            "skiff_controller_reconcile_errors_total{controller=\"placement\"}",
+        )
+    };
+    assert!(
+        errors(&absent_metrics) >= 1.0,
+        "{}",
+        absent_metrics.render()
+    );
+    assert_eq!(errors(&ours_metrics), 0.0, "{}", ours_metrics.render());
+    assert!(ours_metrics.reconcile_count("placement") >= 3);
     ours.abort();
     absent.abort();
 }
@@ -672,11 +700,13 @@ async fn transient_errors_are_retried_keeping_the_node_and_failed_deletes_are_re
             .serve_with_incoming(UnixListenerStream::new(listener)),
     );
     c.class("local", "Delete", "WaitForFirstConsumer").await;
+    let controllers = control_plane::runtime::Metrics::new();
     let task = tokio::spawn(provisioner::run(provisioner::Config {
         client: c.client.clone(),
         csi: plugin::unix_channel(&proxy),
         driver: DRIVER_NAME.into(),
         node: "n1".into(),
+        metrics: controllers.clone(),
     }));
     let claim = c.claim("busy", "local", "16Mi", Some("n1")).await;
     let uid = claim.uid().unwrap();
@@ -730,6 +760,13 @@ async fn transient_errors_are_retried_keeping_the_node_and_failed_deletes_are_re
         }
     })
     .await;
+    // Both retries were the controller runtime's: its failed reconciles of the provisioner
+    // (the failed CreateVolume and the failed DeleteVolume).
+    let errors = support::series_value(
+        &controllers.render(),
+        "skiff_controller_reconcile_errors_total{controller=\"provisioner\"}",
+    );
+    assert!(errors >= 2.0, "{}", controllers.render());
     task.abort();
     server.abort();
     driver.stop().await;

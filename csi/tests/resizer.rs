@@ -42,6 +42,8 @@ struct Setup {
     plugin: Option<Plugin>,
     socket: PathBuf,
     tasks: Vec<JoinHandle<anyhow::Result<()>>>,
+    /// The controller runtime's metrics of the provisioner and the resizer.
+    controllers: control_plane::runtime::Metrics,
 }
 
 impl Setup {
@@ -80,18 +82,21 @@ impl Setup {
             .create(&PostParams::default(), &class)
             .await
             .unwrap();
+        let controllers = control_plane::runtime::Metrics::new();
         let tasks = vec![
             tokio::spawn(provisioner::run(provisioner::Config {
                 client: client.clone(),
                 csi: plugin::unix_channel(&socket),
                 driver: DRIVER_NAME.into(),
                 node: NODE.into(),
+                metrics: controllers.clone(),
             })),
             tokio::spawn(resizer::run(resizer::Config {
                 client: client.clone(),
                 csi: plugin::unix_channel(&socket),
                 driver: DRIVER_NAME.into(),
                 node: NODE.into(),
+                metrics: controllers.clone(),
             })),
         ];
         Setup {
@@ -101,6 +106,7 @@ impl Setup {
             plugin: Some(plugin),
             socket,
             tasks,
+            controllers,
         }
     }
 
@@ -463,5 +469,11 @@ async fn a_claim_grown_beyond_the_node_gets_volume_resize_failed() {
         }
     })
     .await;
+    // The retries are the controller runtime's: its failed reconciles of the resizer.
+    let errors = support::series_value(
+        &s.controllers.render(),
+        "skiff_controller_reconcile_errors_total{controller=\"resizer\"}",
+    );
+    assert!(errors >= 2.0, "{}", s.controllers.render());
     s.stop().await;
 }

@@ -49,3 +49,12 @@ pub async fn wait_event(client: &Client, uid: &str, reason: &str) -> (String, St
     })
     .await
 }
+
+/// The value of the series `series` (name and labels, as rendered) in the text exposition
+/// `text`; 0 when it is not there.
+pub fn series_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
