@@ -7,7 +7,7 @@ use skiff_images::identity::Identity;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -27,13 +27,16 @@ const USAGE: &str = "usage: echo [serve]
                                       a mutating admission webhook (HTTPS) that adds a sidecar
                                       container `sidecar` (IMAGE, `serve` on PORT 9090) to pods
 serve: GET / (who answers, and the client address it sees), /healthz, /readyz, /env/NAME, /control/{healthy,unhealthy,ready,unready},
-       /control/alloc/MIB (allocate and hold MIB MiB)
+       /control/alloc/MIB (allocate and hold MIB MiB),
+       /control/burn/MILLICORES (one thread busy that share of each 100 ms, at most 1000; 0 stops)
 env: PORT (8080), POD_NAME (default: the host name), POD_NAMESPACE (default: the service
      account's namespace), POD_IP (default: the interface's address), NODE_NAME (downward API),
      IGNORE_SIGTERM=1 (only SIGKILL stops the server)";
 
 static HEALTHY: AtomicBool = AtomicBool::new(true);
 static READY: AtomicBool = AtomicBool::new(true);
+/// The CPU `/control/burn/` asked for, in millicores (0: none).
+static BURN: AtomicU64 = AtomicU64::new(0);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -166,6 +169,15 @@ fn answer(path: &str) -> Option<(u16, String)> {
                 Err(_) => (400, "usage: /control/alloc/<MiB>\n".into()),
             }
         }
+        _ if path.starts_with("/control/burn/") => {
+            match path["/control/burn/".len()..].parse::<u64>() {
+                Ok(milli) if milli <= 1000 => {
+                    burn(milli);
+                    (200, format!("burning {milli}m\n"))
+                }
+                _ => (400, "usage: /control/burn/<millicores, 0 to 1000>\n".into()),
+            }
+        }
         _ => match path.strip_prefix("/env/") {
             Some(name) => match std::env::var(name) {
                 Ok(v) => (200, format!("{v}\n")),
@@ -174,6 +186,24 @@ fn answer(path: &str) -> Option<(u16, String)> {
             None => return None,
         },
     })
+}
+
+/// Sets the load of the one burner thread (started by the first call): busy `milli` / 1000
+/// of every 100 ms, idle the rest; 0 makes it idle.
+fn burn(milli: u64) {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    BURN.store(milli, Ordering::Relaxed);
+    STARTED.get_or_init(|| {
+        std::thread::spawn(|| loop {
+            let period = Duration::from_millis(100);
+            let busy = period * BURN.load(Ordering::Relaxed) as u32 / 1000;
+            let start = std::time::Instant::now();
+            while start.elapsed() < busy {
+                std::hint::spin_loop();
+            }
+            std::thread::sleep(period.saturating_sub(start.elapsed()));
+        });
+    });
 }
 
 /// Computed once: the environment and the pod's host name and address do not change.
