@@ -113,6 +113,23 @@ pub async fn watch(ctx: &Arc<Ctx>, call: &Call<'_>, opts: ListOptions) -> Result
     Ok(resp)
 }
 
+/// What a sendInitialEvents watch sends before its initial-events-end bookmark, and that
+/// bookmark's revision: the synthetic ADDED events of the state the watch started from and
+/// the revision of that state, both taken when the watch started (under the resource's lock).
+/// Nothing the cache applies later changes either: live events are all newer than the
+/// revision, so none is covered by a bookmark sent before it. (Reading the cache's revision
+/// at the time the bookmark is sent would cover a change applied after the events were
+/// taken, and that change would then come after the bookmark.) `meanwhile` runs between
+/// taking the events and reading the revision, where a test writes.
+async fn initial_events(
+    w: &mut CacheWatch,
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> (Vec<WatchEvent>, Revision) {
+    let events = std::iter::from_fn(|| w.next_initial()).collect();
+    meanwhile.await;
+    (events, w.initial_revision())
+}
+
 /// `{"type":"<kind>","object":<object>}\n`
 fn line(kind: &str, object: &[u8]) -> Bytes {
     let mut b = Vec::with_capacity(object.len() + 32);
@@ -136,15 +153,13 @@ struct Stream {
 impl Stream {
     async fn run(self, mut w: CacheWatch) {
         if self.initial_events_end {
-            // The initial ADDED events show the state at the watch's initial revision: send
-            // them, then the marker at exactly that revision. Live events are all newer, so
-            // none is covered by a bookmark sent before it.
-            while let Some(e) = w.next_initial() {
-                if !self.send_event(&e).await {
+            let (events, rev) = initial_events(&mut w, std::future::ready(())).await;
+            for e in &events {
+                if !self.send_event(e).await {
                     return;
                 }
             }
-            let mut b = self.bookmark(w.initial_revision());
+            let mut b = self.bookmark(rev);
             b["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
             if !self.send("BOOKMARK", &b).await {
                 return;
@@ -240,5 +255,90 @@ impl Stream {
         };
         self.ctx.metrics.watch_event(self.resource.plural);
         self.tx.send(bytes).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::cache::{Cache, CacheOptions, CacheSpec};
+    use crate::store::redb::{RedbOptions, RedbStore};
+    use crate::store::{Precondition, Store, WriteOp};
+
+    const PREFIX: &str = "/registry/configmaps/";
+
+    async fn put(store: &dyn Store, name: &str, v: &str) -> Revision {
+        let cm = json!({"metadata": {"name": name, "namespace": "ns"}, "data": {"v": v}});
+        store
+            .write(WriteOp::Put {
+                key: format!("{PREFIX}ns/{name}"),
+                value: serde_json::to_vec(&cm).unwrap().into(),
+                precondition: Precondition::Any,
+            })
+            .await
+            .unwrap()
+            .revision
+    }
+
+    /// A change the cache applies after the initial events were taken (while they are being
+    /// sent) is sent after the initial-events-end bookmark, so the bookmark must not cover
+    /// it: the write is made, and applied by the cache, between the two steps.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_applied_after_the_initial_events_were_taken_comes_after_their_bookmark() {
+        let d = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(d.path(), RedbOptions::default()).unwrap();
+        let spec = CacheSpec {
+            prefix: PREFIX.into(),
+            fields: vec![],
+            indexed: vec![],
+            field_fn: Arc::new(|_, _| None),
+        };
+        let cache = Cache::start(Arc::new(store.clone()), vec![spec], CacheOptions::default())
+            .await
+            .unwrap();
+        put(&store, "a", "0").await;
+        let rev = put(&store, "b", "0").await;
+        cache.wait_for(rev, Duration::from_secs(10)).await.unwrap();
+        let mut w = cache
+            .resource(PREFIX)
+            .unwrap()
+            .watch(PREFIX, WatchStart::Current, Arc::new(|_| true), None)
+            .unwrap();
+
+        let mut written = Revision(0);
+        let write = async {
+            written = put(&store, "a", "1").await;
+            cache
+                .wait_for(written, Duration::from_secs(10))
+                .await
+                .unwrap();
+        };
+        let (events, bookmark) = initial_events(&mut w, write).await;
+        assert!(written > rev, "the write was made: {written}");
+        let initial: Vec<(&str, Revision)> = events
+            .iter()
+            .map(|e| (e.object().name.as_str(), e.object().revision))
+            .collect();
+        assert_eq!(initial.len(), 2, "{initial:?}");
+        assert!(
+            events
+                .iter()
+                .all(|e| matches!(e, WatchEvent::Added(_)) && e.object().revision <= bookmark),
+            "{initial:?} after the bookmark at {bookmark}"
+        );
+        // The change comes next, after the bookmark: newer than it.
+        let next = tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .expect("the change written meanwhile")
+            .unwrap();
+        assert!(matches!(next, WatchEvent::Modified(_)), "{next:?}");
+        assert_eq!(next.object().revision, written);
+        assert!(
+            next.object().revision > bookmark,
+            "the change at {written} is sent after a bookmark at {bookmark} that covers it"
+        );
+        store.close();
     }
 }
