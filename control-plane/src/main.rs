@@ -307,7 +307,10 @@ impl EtcdArgs {
     fn backend(&self, location: &StoreLocation) -> Result<Backend> {
         let endpoints = match location {
             StoreLocation::Embedded => {
-                if self.etcd_cafile.is_some() || self.etcd_certfile.is_some() {
+                if self.etcd_cafile.is_some()
+                    || self.etcd_certfile.is_some()
+                    || self.etcd_keyfile.is_some()
+                {
                     anyhow::bail!("--etcd-* TLS flags need --store etcd://...");
                 }
                 return Ok(Backend::Embedded);
@@ -317,13 +320,21 @@ impl EtcdArgs {
         let mut config = EtcdConfig::new(endpoints);
         config.prefix = self.etcd_prefix.trim_end_matches('/').to_string();
         config.compaction_interval = self.etcd_compaction_interval;
-        config.tls = match (&self.etcd_cafile, &self.etcd_certfile, &self.etcd_keyfile) {
-            (None, None, None) => None,
-            (Some(ca), cert, key) => Some(EtcdTls {
+        // A certificate without its key (or a key alone) is an error, never dropped: the
+        // server would connect without a client certificate and fail later, less clearly.
+        let identity = match (&self.etcd_certfile, &self.etcd_keyfile) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            (Some(_), None) => anyhow::bail!("--etcd-certfile needs --etcd-keyfile"),
+            (None, Some(_)) => anyhow::bail!("--etcd-keyfile needs --etcd-certfile"),
+        };
+        config.tls = match (&self.etcd_cafile, identity) {
+            (None, None) => None,
+            (Some(ca), identity) => Some(EtcdTls {
                 ca: ca.clone(),
-                identity: cert.clone().zip(key.clone()),
+                identity,
             }),
-            (None, _, _) => anyhow::bail!("--etcd-certfile needs --etcd-cafile"),
+            (None, Some(_)) => anyhow::bail!("--etcd-certfile needs --etcd-cafile"),
         };
         Ok(Backend::Etcd(config))
     }
@@ -809,4 +820,71 @@ async fn snapshot(command: SnapshotCommand) -> Result<()> {
         None => println!("{} bytes", saved.bytes),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    }
+
+    fn etcd() -> StoreLocation {
+        StoreLocation::Etcd(vec!["https://127.0.0.1:2379".into()])
+    }
+
+    #[test]
+    fn an_etcd_client_certificate_without_its_key_or_a_key_alone_is_refused() {
+        for (flag, missing) in [
+            ("--etcd-certfile", "--etcd-keyfile"),
+            ("--etcd-keyfile", "--etcd-certfile"),
+        ] {
+            let args = ["control-plane", "--etcd-cafile", "ca.crt", flag, "x.pem"];
+            let err = Flags::try_parse_from(args).err().expect("refused");
+            assert!(err.to_string().contains(missing), "{flag}: {err}");
+        }
+        // The same when the flags are built otherwise than by parsing.
+        let parsed = |cert: Option<&str>, key: Option<&str>| EtcdArgs {
+            etcd_cafile: Some("ca.crt".into()),
+            etcd_certfile: cert.map(PathBuf::from),
+            etcd_keyfile: key.map(PathBuf::from),
+            etcd_prefix: String::new(),
+            etcd_compaction_interval: Duration::ZERO,
+        };
+        let err = parsed(Some("c.pem"), None).backend(&etcd()).err().unwrap();
+        assert!(err.to_string().contains("--etcd-keyfile"), "{err}");
+        let err = parsed(None, Some("k.pem")).backend(&etcd()).err().unwrap();
+        assert!(err.to_string().contains("--etcd-certfile"), "{err}");
+        let err = parsed(None, Some("k.pem"))
+            .backend(&StoreLocation::Embedded)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("--store etcd://"), "{err}");
+        // Both, or neither: TLS with or without a client identity.
+        let both = Flags::try_parse_from([
+            "control-plane",
+            "--etcd-cafile",
+            "ca.crt",
+            "--etcd-certfile",
+            "c.pem",
+            "--etcd-keyfile",
+            "k.pem",
+        ])
+        .unwrap();
+        let Backend::Etcd(c) = both.etcd.backend(&etcd()).unwrap() else {
+            panic!("not etcd")
+        };
+        let tls = c.tls.expect("TLS");
+        assert_eq!(
+            tls.identity,
+            Some((PathBuf::from("c.pem"), PathBuf::from("k.pem")))
+        );
+        let Backend::Etcd(c) = parsed(None, None).backend(&etcd()).unwrap() else {
+            panic!("not etcd")
+        };
+        assert_eq!(c.tls.expect("TLS").identity, None);
+    }
 }
