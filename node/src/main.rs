@@ -131,13 +131,24 @@ async fn main() -> Result<()> {
             api_balancer_listen,
         } => {
             // First: TLS bootstrap may already go through it. Lives as long as the agent.
-            let _balancer = match api_servers.is_empty() {
+            // It probes the servers' /readyz, verifying them against the cluster CA.
+            let balancer = match api_servers.is_empty() {
                 true => None,
-                false => Some(
-                    node::apibalancer::Balancer::start(api_balancer_listen, api_servers)
+                false => {
+                    let ca = std::fs::read_to_string(&client_ca_file)
+                        .with_context(|| format!("reading {}", client_ca_file.display()))?;
+                    let health = node::apibalancer::HealthCheck::new(&ca)
+                        .context("the API balancer's health check")?;
+                    Some(
+                        node::apibalancer::Balancer::start(
+                            api_balancer_listen,
+                            api_servers,
+                            Some(health),
+                        )
                         .await
                         .with_context(|| format!("the API balancer on {api_balancer_listen}"))?,
-                ),
+                    )
+                }
             };
             let api_tls =
                 node::server::ApiTls::read(&tls_cert_file, &tls_private_key_file, &client_ca_file)?;
@@ -180,6 +191,13 @@ async fn main() -> Result<()> {
                     .with_context(|| format!("reading {}", resolv_conf.display()))?,
             };
             let agent = RunningAgent::start(config, client).await?;
+            if let Some(b) = &balancer {
+                agent.metrics().register(
+                    "api_server_ready",
+                    "Whether the API balancer counts the API server as ready (its /readyz)",
+                    b.ready_gauge(),
+                );
+            }
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {

@@ -179,6 +179,18 @@ impl Metrics {
             .inc();
     }
 
+    /// Registers, as `skiff_node_<name>`, a metric made outside the agent (the API
+    /// balancer's, which runs before the agent starts).
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry.register(format!("skiff_node_{name}"), help, metric);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
