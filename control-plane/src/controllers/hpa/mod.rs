@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::autoscaling::v2::{
-    HorizontalPodAutoscaler, HorizontalPodAutoscalerCondition, HorizontalPodAutoscalerStatus,
-    MetricSpec, MetricStatus, MetricValueStatus, ResourceMetricStatus,
+    HorizontalPodAutoscaler, HorizontalPodAutoscalerBehavior, HorizontalPodAutoscalerCondition,
+    HorizontalPodAutoscalerStatus, MetricSpec, MetricStatus, MetricValueStatus,
+    ResourceMetricStatus,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as KQuantity;
@@ -187,6 +188,207 @@ fn set_conditions(
 
 fn milli_quantity(milli: i64) -> KQuantity {
     KQuantity(Quantity::from_milli(milli, Format::DecimalSI).to_string())
+}
+
+/// What one sync decided, before anything is written: from the target's scale, the spec and
+/// what the metrics gave, without the API.
+#[derive(Debug, PartialEq)]
+struct Decision {
+    /// status.desiredReplicas (None: kept as it was); the target is rescaled to it when it
+    /// differs from the current count.
+    desired: Option<i32>,
+    /// Why that count (the SuccessfulRescale message's reason).
+    reason: String,
+    /// AbleToScale first, then ScalingActive and ScalingLimited as the sync found them.
+    conds: Vec<Cond>,
+    /// status.currentMetrics, when the metrics were read.
+    metrics: Option<Vec<MetricStatus>>,
+    /// A Warning Event: its reason and message.
+    warning: Option<(&'static str, String)>,
+}
+
+fn got_scale() -> Cond {
+    condition(
+        "AbleToScale",
+        true,
+        "SucceededGetScale",
+        "the HPA controller was able to get the target's current scale",
+    )
+}
+
+/// The decision made before any metric is read (Kubernetes' reconcileAutoscaler): a target
+/// scaled to zero is left alone, a count outside [min, max] is brought inside, a scale
+/// without a selector stops the sync; None when the metrics decide.
+fn decide_without_metrics(current: i32, min: i32, max: i32, selector: &str) -> Option<Decision> {
+    let bounded = |desired: i32, reason: &str, conds: Vec<Cond>| Decision {
+        desired: Some(desired),
+        reason: reason.to_string(),
+        conds,
+        metrics: None,
+        warning: None,
+    };
+    Some(if current == 0 && min != 0 {
+        bounded(
+            0,
+            "",
+            vec![
+                got_scale(),
+                condition(
+                    "ScalingActive",
+                    false,
+                    "ScalingDisabled",
+                    "scaling is disabled since the replica count of the target is zero",
+                ),
+            ],
+        )
+    } else if current > max {
+        bounded(
+            max,
+            "Current number of replicas above Spec.MaxReplicas",
+            vec![got_scale()],
+        )
+    } else if current < min {
+        bounded(
+            min,
+            "Current number of replicas below Spec.MinReplicas",
+            vec![got_scale()],
+        )
+    } else if selector.is_empty() {
+        Decision {
+            desired: None,
+            reason: String::new(),
+            conds: vec![
+                got_scale(),
+                condition(
+                    "ScalingActive",
+                    false,
+                    "InvalidSelector",
+                    "the HPA target's scale is missing a selector",
+                ),
+            ],
+            metrics: None,
+            warning: Some(("SelectorRequired", "selector is required".into())),
+        }
+    } else {
+        return None;
+    })
+}
+
+/// The decision from the metrics: their proposal normalized with this HPA's history
+/// (stabilization windows, scaling policies, [min, max]); a metric failure keeps the count.
+fn decide_from_metrics(
+    current: i32,
+    min: i32,
+    max: i32,
+    behavior: Option<&HorizontalPodAutoscalerBehavior>,
+    computed: Result<Computed, MetricFailure>,
+    history: &mut History,
+    now: Timestamp,
+) -> Decision {
+    let computed = match computed {
+        Ok(c) => c,
+        Err(f) => {
+            return Decision {
+                desired: Some(current),
+                reason: String::new(),
+                conds: vec![
+                    got_scale(),
+                    condition(
+                        "ScalingActive",
+                        false,
+                        f.reason,
+                        format!(
+                            "the HPA was unable to compute the replica count: {}",
+                            f.message
+                        ),
+                    ),
+                ],
+                metrics: None,
+                warning: Some((f.reason, f.message)),
+            }
+        }
+    };
+    history.init(current, now);
+    let normalized: Normalized = match behavior {
+        Some(b) => history.normalize_with_behavior(b, current, computed.replicas, min, max, now),
+        None => history.normalize(current, computed.replicas, min, max, now),
+    };
+    let desired = normalized.replicas;
+    Decision {
+        desired: Some(desired),
+        reason: if desired > current {
+            format!("{} above target", computed.metric)
+        } else {
+            "All metrics below target".into()
+        },
+        conds: vec![
+            condition(
+                "AbleToScale",
+                true,
+                normalized.able.reason,
+                normalized.able.message,
+            ),
+            condition(
+                "ScalingActive",
+                true,
+                "ValidMetricFound",
+                format!(
+                    "the HPA was able to successfully calculate a replica count from {}",
+                    computed.metric
+                ),
+            ),
+            condition(
+                "ScalingLimited",
+                normalized.limited.0,
+                normalized.limited.1.reason,
+                normalized.limited.1.message,
+            ),
+        ],
+        metrics: Some(computed.statuses),
+        warning: None,
+    }
+}
+
+/// The outcome of writing the decided scale: AbleToScale, the count status reports (the
+/// current one if the write failed) and the Event to record.
+fn rescaled(
+    d: &mut Decision,
+    current: i32,
+    written: Result<(), String>,
+) -> (EventType, &'static str, String) {
+    let desired = d.desired.unwrap_or(current);
+    match written {
+        Ok(()) => {
+            d.conds[0] = condition(
+                "AbleToScale",
+                true,
+                "SucceededRescale",
+                format!("the HPA controller was able to update the target scale to {desired}"),
+            );
+            (
+                EventType::Normal,
+                "SuccessfulRescale",
+                format!("New size: {desired}; reason: {}", d.reason),
+            )
+        }
+        Err(message) => {
+            d.conds[0] = condition(
+                "AbleToScale",
+                false,
+                "FailedUpdateScale",
+                format!("the HPA controller was unable to update the target scale: {message}"),
+            );
+            d.desired = Some(current);
+            (
+                EventType::Warning,
+                "FailedRescale",
+                format!(
+                    "New size: {desired}; reason: {}; error: {message}",
+                    d.reason
+                ),
+            )
+        }
+    }
 }
 
 impl HpaController {
@@ -475,169 +677,327 @@ impl Reconciler for HpaController {
             .and_then(|s| s.selector.clone())
             .unwrap_or_default();
         status.current_replicas = Some(current);
-        let mut conds: Vec<Cond> = vec![condition(
-            "AbleToScale",
-            true,
-            "SucceededGetScale",
-            "the HPA controller was able to get the target's current scale",
-        )];
         let min = spec.min_replicas.unwrap_or(1);
         let max = spec.max_replicas;
-        let mut desired;
-        let reason: String;
-        let mut metric_statuses = None;
-        if current == 0 && min != 0 {
-            desired = 0;
-            reason = String::new();
-            conds.push(condition(
-                "ScalingActive",
-                false,
-                "ScalingDisabled",
-                "scaling is disabled since the replica count of the target is zero",
-            ));
-        } else if current > max {
-            desired = max;
-            reason = "Current number of replicas above Spec.MaxReplicas".into();
-        } else if current < min {
-            desired = min;
-            reason = "Current number of replicas below Spec.MinReplicas".into();
-        } else {
-            if selector.is_empty() {
-                let message = "selector is required";
-                self.recorder.event(
-                    hpa.as_ref(),
-                    EventType::Warning,
-                    "SelectorRequired",
-                    message,
-                );
-                conds.push(condition(
-                    "ScalingActive",
-                    false,
-                    "InvalidSelector",
-                    "the HPA target's scale is missing a selector",
-                ));
-                status.conditions = Some(set_conditions(status.conditions.take(), &conds, now));
-                self.write_status(&hpa, status).await?;
-                return Ok(next);
-            }
-            let metrics = spec.metrics.clone().unwrap_or_default();
-            let computed = match self.compute(&ns, &metrics, &selector, current, now).await {
-                Ok(c) => c,
-                Err(f) => {
-                    self.recorder
-                        .event(hpa.as_ref(), EventType::Warning, f.reason, &f.message);
-                    conds.push(condition(
-                        "ScalingActive",
-                        false,
-                        f.reason,
-                        format!(
-                            "the HPA was unable to compute the replica count: {}",
-                            f.message
-                        ),
-                    ));
-                    status.conditions = Some(set_conditions(status.conditions.take(), &conds, now));
-                    status.desired_replicas = current;
-                    self.write_status(&hpa, status).await?;
-                    return Ok(next);
-                }
-            };
-            conds.push(condition(
-                "ScalingActive",
-                true,
-                "ValidMetricFound",
-                format!(
-                    "the HPA was able to successfully calculate a replica count from {}",
-                    computed.metric
-                ),
-            ));
-            metric_statuses = Some(computed.statuses);
-            let normalized: Normalized = {
+        let mut decision = match decide_without_metrics(current, min, max, &selector) {
+            Some(d) => d,
+            None => {
+                let metrics = spec.metrics.clone().unwrap_or_default();
+                let computed = self.compute(&ns, &metrics, &selector, current, now).await;
                 let mut all = self.history.lock().unwrap_or_else(|e| e.into_inner());
                 let h = all.entry(key.clone()).or_default();
-                h.init(current, now);
-                match spec.behavior.as_ref() {
-                    Some(b) => {
-                        h.normalize_with_behavior(b, current, computed.replicas, min, max, now)
-                    }
-                    None => h.normalize(current, computed.replicas, min, max, now),
-                }
-            };
-            conds[0] = condition(
-                "AbleToScale",
-                true,
-                normalized.able.reason,
-                normalized.able.message,
-            );
-            conds.push(condition(
-                "ScalingLimited",
-                normalized.limited.0,
-                normalized.limited.1.reason,
-                normalized.limited.1.message,
-            ));
-            desired = normalized.replicas;
-            reason = if desired > current {
-                format!("{} above target", computed.metric)
-            } else {
-                "All metrics below target".into()
-            };
+                decide_from_metrics(current, min, max, spec.behavior.as_ref(), computed, h, now)
+            }
+        };
+        if let Some((reason, message)) = &decision.warning {
+            self.recorder
+                .event(hpa.as_ref(), EventType::Warning, reason, message);
         }
-        if desired != current {
+        if let Some(desired) = decision.desired.filter(|d| *d != current) {
             let patch = serde_json::json!({"spec": {"replicas": desired}});
             let name = &spec.scale_target_ref.name;
-            match scale_api
+            let written = scale_api
                 .patch_scale(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-            {
-                Ok(_) => {
-                    self.recorder.event(
-                        hpa.as_ref(),
-                        EventType::Normal,
-                        "SuccessfulRescale",
-                        format!("New size: {desired}; reason: {reason}"),
-                    );
-                    tracing::info!(hpa = %key, from = current, to = desired, %reason, "rescaled");
-                    self.history
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .entry(key.clone())
-                        .or_default()
-                        .record_scale(spec.behavior.as_ref(), current, desired, now);
-                    conds[0] = condition(
-                        "AbleToScale",
-                        true,
-                        "SucceededRescale",
-                        format!(
-                            "the HPA controller was able to update the target scale to {desired}"
-                        ),
-                    );
-                    status.last_scale_time = Some(Time(now));
-                }
-                Err(e) => {
-                    let message = pods::error_message(&e);
-                    self.recorder.event(
-                        hpa.as_ref(),
-                        EventType::Warning,
-                        "FailedRescale",
-                        format!("New size: {desired}; reason: {reason}; error: {message}"),
-                    );
-                    conds[0] = condition(
-                        "AbleToScale",
-                        false,
-                        "FailedUpdateScale",
-                        format!(
-                            "the HPA controller was unable to update the target scale: {message}"
-                        ),
-                    );
-                    desired = current;
-                }
+                .map(|_| ())
+                .map_err(|e| pods::error_message(&e));
+            let ok = written.is_ok();
+            let (type_, reason, message) = rescaled(&mut decision, current, written);
+            self.recorder.event(hpa.as_ref(), type_, reason, message);
+            if ok {
+                tracing::info!(hpa = %key, from = current, to = desired, reason = %decision.reason, "rescaled");
+                self.history
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(key.clone())
+                    .or_default()
+                    .record_scale(spec.behavior.as_ref(), current, desired, now);
+                status.last_scale_time = Some(Time(now));
             }
         }
-        status.desired_replicas = desired;
-        if metric_statuses.is_some() {
-            status.current_metrics = metric_statuses.filter(|m| !m.is_empty());
+        if let Some(desired) = decision.desired {
+            status.desired_replicas = desired;
         }
-        status.conditions = Some(set_conditions(status.conditions.take(), &conds, now));
+        if decision.metrics.is_some() {
+            status.current_metrics = decision.metrics.filter(|m| !m.is_empty());
+        }
+        status.conditions = Some(set_conditions(
+            status.conditions.take(),
+            &decision.conds,
+            now,
+        ));
         self.write_status(&hpa, status).await?;
         Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::autoscaling::v2::HPAScalingRules;
+
+    const CPU: &str = "cpu resource utilization (percentage of request)";
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    /// One CPU metric at `utilization` percent, proposing `replicas`.
+    fn cpu(replicas: i32, utilization: i32) -> Result<Computed, MetricFailure> {
+        Ok(Computed {
+            replicas,
+            metric: CPU.into(),
+            statuses: vec![MetricStatus {
+                type_: "Resource".into(),
+                resource: Some(ResourceMetricStatus {
+                    name: "cpu".into(),
+                    current: MetricValueStatus {
+                        average_utilization: Some(utilization),
+                        average_value: Some(milli_quantity(i64::from(utilization) / 2)),
+                        value: None,
+                    },
+                }),
+                ..Default::default()
+            }],
+        })
+    }
+
+    /// Type, status and reason of each condition, in order.
+    fn conds(d: &Decision) -> Vec<(&str, &str, &str)> {
+        d.conds
+            .iter()
+            .map(|(t, s, r, _)| (t.as_str(), s.as_str(), r.as_str()))
+            .collect()
+    }
+
+    fn scale_down_window(seconds: i32) -> HorizontalPodAutoscalerBehavior {
+        HorizontalPodAutoscalerBehavior {
+            scale_down: Some(HPAScalingRules {
+                stabilization_window_seconds: Some(seconds),
+                ..Default::default()
+            }),
+            scale_up: None,
+        }
+    }
+
+    #[test]
+    fn bounds_and_selector_decide_before_any_metric() {
+        let zero = decide_without_metrics(0, 1, 3, "app=web").unwrap();
+        assert_eq!(zero.desired, Some(0));
+        assert_eq!(
+            conds(&zero),
+            [
+                ("AbleToScale", "True", "SucceededGetScale"),
+                ("ScalingActive", "False", "ScalingDisabled")
+            ]
+        );
+
+        let above = decide_without_metrics(5, 1, 3, "app=web").unwrap();
+        assert_eq!(above.desired, Some(3));
+        assert_eq!(
+            above.reason,
+            "Current number of replicas above Spec.MaxReplicas"
+        );
+        assert_eq!(above.warning, None);
+        let below = decide_without_metrics(1, 2, 3, "app=web").unwrap();
+        assert_eq!(below.desired, Some(2));
+        assert_eq!(
+            below.reason,
+            "Current number of replicas below Spec.MinReplicas"
+        );
+        // Bounds come first: a scale without a selector is still brought inside them.
+        assert_eq!(
+            decide_without_metrics(5, 1, 3, "").unwrap().desired,
+            Some(3)
+        );
+
+        let no_selector = decide_without_metrics(2, 1, 3, "").unwrap();
+        assert_eq!(no_selector.desired, None, "desiredReplicas is kept");
+        assert_eq!(
+            no_selector.warning,
+            Some(("SelectorRequired", "selector is required".to_string()))
+        );
+        assert_eq!(
+            conds(&no_selector),
+            [
+                ("AbleToScale", "True", "SucceededGetScale"),
+                ("ScalingActive", "False", "InvalidSelector")
+            ]
+        );
+
+        // Inside the bounds with a selector, and minReplicas 0 at zero: the metrics decide.
+        assert_eq!(decide_without_metrics(2, 1, 3, "app=web"), None);
+        assert_eq!(decide_without_metrics(0, 0, 3, "app=web"), None);
+    }
+
+    #[test]
+    fn a_metric_above_target_scales_up_to_max_and_says_so() {
+        let mut h = History::default();
+        let d = decide_from_metrics(1, 1, 3, None, cpu(6, 600), &mut h, t(0));
+        assert_eq!(d.desired, Some(3));
+        assert_eq!(d.reason, format!("{CPU} above target"));
+        assert_eq!(
+            conds(&d),
+            [
+                ("AbleToScale", "True", "ReadyForNewScale"),
+                ("ScalingActive", "True", "ValidMetricFound"),
+                ("ScalingLimited", "True", "TooManyReplicas")
+            ]
+        );
+        assert_eq!(
+            d.conds[1].3,
+            format!("the HPA was able to successfully calculate a replica count from {CPU}")
+        );
+        let metrics = d.metrics.as_ref().unwrap();
+        assert_eq!(
+            metrics[0]
+                .resource
+                .as_ref()
+                .unwrap()
+                .current
+                .average_utilization,
+            Some(600)
+        );
+        assert_eq!(d.warning, None);
+
+        // Inside the range: not limited.
+        let mut h = History::default();
+        let d = decide_from_metrics(1, 1, 5, None, cpu(2, 120), &mut h, t(0));
+        assert_eq!(d.desired, Some(2));
+        assert_eq!(d.conds[2].1, "False");
+        assert_eq!(d.conds[2].2, "DesiredWithinRange");
+    }
+
+    #[test]
+    fn scale_down_waits_out_the_default_window_but_not_a_zero_one() {
+        // No behavior: the recommendations of the last 5 minutes hold the count up.
+        let mut h = History::default();
+        let d = decide_from_metrics(3, 1, 3, None, cpu(1, 2), &mut h, t(0));
+        assert_eq!(d.desired, Some(3));
+        assert_eq!(d.conds[0].2, "ScaleDownStabilized");
+        let d = decide_from_metrics(3, 1, 3, None, cpu(1, 2), &mut h, t(301));
+        assert_eq!(d.desired, Some(1));
+
+        // The same with a behavior whose scale-down window is 5 minutes (the default)...
+        let mut h = History::default();
+        let b = scale_down_window(300);
+        let d = decide_from_metrics(3, 1, 3, Some(&b), cpu(1, 2), &mut h, t(0));
+        assert_eq!(d.desired, Some(3));
+        assert_eq!(d.conds[0].2, "ScaleDownStabilized");
+
+        // ...and at once with a window of 0 (100% of the pods may go in 15 s by default).
+        let mut h = History::default();
+        let b = scale_down_window(0);
+        let d = decide_from_metrics(3, 1, 3, Some(&b), cpu(1, 2), &mut h, t(0));
+        assert_eq!(d.desired, Some(1));
+        assert_eq!(d.reason, "All metrics below target");
+        assert_eq!(
+            conds(&d),
+            [
+                ("AbleToScale", "True", "ReadyForNewScale"),
+                ("ScalingActive", "True", "ValidMetricFound"),
+                ("ScalingLimited", "False", "DesiredWithinRange")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_metric_failure_keeps_the_count_and_warns() {
+        let mut h = History::default();
+        let failure = MetricFailure {
+            reason: "FailedGetResourceMetric",
+            message: "failed to get cpu utilization: no metrics returned from resource metrics API"
+                .into(),
+        };
+        let d = decide_from_metrics(2, 1, 3, None, Err(failure), &mut h, t(0));
+        assert_eq!(d.desired, Some(2));
+        assert_eq!(d.metrics, None, "currentMetrics is kept");
+        assert_eq!(
+            d.warning,
+            Some((
+                "FailedGetResourceMetric",
+                "failed to get cpu utilization: no metrics returned from resource metrics API"
+                    .to_string()
+            ))
+        );
+        assert_eq!(
+            conds(&d),
+            [
+                ("AbleToScale", "True", "SucceededGetScale"),
+                ("ScalingActive", "False", "FailedGetResourceMetric")
+            ]
+        );
+        assert!(d.conds[1]
+            .3
+            .starts_with("the HPA was unable to compute the replica count: failed to get cpu"));
+    }
+
+    #[test]
+    fn the_rescale_outcome_sets_able_to_scale_and_the_event() {
+        let mut h = History::default();
+        let mut d = decide_from_metrics(1, 1, 3, None, cpu(3, 300), &mut h, t(0));
+        let (type_, reason, message) = rescaled(&mut d, 1, Ok(()));
+        assert_eq!((type_, reason), (EventType::Normal, "SuccessfulRescale"));
+        assert_eq!(message, format!("New size: 3; reason: {CPU} above target"));
+        assert_eq!(d.desired, Some(3));
+        assert_eq!(
+            d.conds[0],
+            condition(
+                "AbleToScale",
+                true,
+                "SucceededRescale",
+                "the HPA controller was able to update the target scale to 3"
+            )
+        );
+
+        let mut h = History::default();
+        let mut d = decide_from_metrics(1, 1, 3, None, cpu(3, 300), &mut h, t(0));
+        let (type_, reason, message) = rescaled(&mut d, 1, Err("conflict".into()));
+        assert_eq!((type_, reason), (EventType::Warning, "FailedRescale"));
+        assert_eq!(
+            message,
+            format!("New size: 3; reason: {CPU} above target; error: conflict")
+        );
+        assert_eq!(
+            d.desired,
+            Some(1),
+            "status reports the count it could not change"
+        );
+        assert_eq!(conds(&d)[0], ("AbleToScale", "False", "FailedUpdateScale"));
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_while_their_status_holds() {
+        let first = set_conditions(
+            None,
+            &[
+                condition("AbleToScale", true, "SucceededGetScale", "a"),
+                condition("ScalingActive", true, "ValidMetricFound", "b"),
+            ],
+            t(0),
+        );
+        let next = set_conditions(
+            Some(first),
+            &[
+                condition("AbleToScale", true, "SucceededRescale", "c"),
+                condition("ScalingActive", false, "FailedGetResourceMetric", "d"),
+                condition("ScalingLimited", false, "DesiredWithinRange", "e"),
+            ],
+            t(15),
+        );
+        let at = |type_: &str| {
+            let c = next.iter().find(|c| c.type_ == type_).unwrap();
+            (
+                c.reason.clone().unwrap(),
+                c.last_transition_time.as_ref().unwrap().0,
+            )
+        };
+        assert_eq!(next.len(), 3);
+        assert_eq!(at("AbleToScale"), ("SucceededRescale".into(), t(0)));
+        assert_eq!(
+            at("ScalingActive"),
+            ("FailedGetResourceMetric".into(), t(15))
+        );
+        assert_eq!(at("ScalingLimited"), ("DesiredWithinRange".into(), t(15)));
     }
 }
