@@ -6,7 +6,12 @@
 //! same cluster, the HorizontalPodAutoscaler: the real `kubectl autoscale deployment`, a
 //! memory target, a pod holding memory above it: the Deployment is scaled to the count
 //! Kubernetes' formula gives for the utilization the HPA reported, `kubectl get hpa` shows
-//! the target, and the SuccessfulRescale Event says why.
+//! the target, and the SuccessfulRescale Event says why. Then on CPU, both ways: a
+//! Deployment left on kubectl's CPU target, its pod made to burn CPU on demand: the HPA
+//! scales it up, and back down to one replica once the load stops (a scale-down
+//! stabilization window of 0 instead of 5 minutes), with a SuccessfulRescale Event each way.
+//! The control plane syncs HPAs and scrapes the node agents every 5 s (15 s by default) to
+//! keep this short.
 //!
 //! Needs the daemons built (`cargo build -p control-plane -p node -p proxy`, which
 //! `cargo xtask test` does) and the images in the local registry (`cargo xtask images`).
@@ -18,10 +23,11 @@ use skiff_tests::netns::unique_name;
 use skiff_tests::registry::{require_images, ECHO_IMAGE};
 use skiff_tests::{subnet, wait_until};
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
-/// Node agents sample every 10 s and the API server scrapes every 15 s: a figure that moves
-/// shows within a minute on an idle machine; loaded CI machines get more.
+/// Node agents sample every 10 s and the API server scrapes every 5 s here: a figure that
+/// moves shows within a minute on an idle machine; loaded CI machines get more.
 const T: Duration = Duration::from_secs(180);
 
 /// `kubectl top ... --no-headers` rows as their columns.
@@ -80,7 +86,12 @@ fn kubectl_top_shows_nodes_pods_and_containers() {
     let lease = subnet::lease();
     let name = unique_name("top");
     let dir = std::env::temp_dir().join(&name);
-    let spec = Spec::new(&name, 2, &dir, lease.cidr().parse().unwrap(), binaries());
+    let mut spec = Spec::new(&name, 2, &dir, lease.cidr().parse().unwrap(), binaries());
+    // kube-controller-manager's and metrics-server's flags, shorter than their defaults.
+    spec.control_plane_args.extend([
+        "--horizontal-pod-autoscaler-sync-period=5s".to_string(),
+        "--metric-resolution=5".to_string(),
+    ]);
     eprintln!("cluster {name} in {}", dir.display());
     let c = Cluster::up(spec).unwrap_or_else(|e| panic!("cluster up: {e}"));
     let k = c.kubectl();
@@ -209,6 +220,42 @@ fn kubectl_top_shows_nodes_pods_and_containers() {
     });
 
     autoscale_on_memory(&k);
+    autoscale_on_cpu(&k);
+}
+
+/// `kubectl get hpa NAME -o json --watch`: the process and each version of the HPA it prints.
+fn watch_hpa(k: &Kubectl, name: &str) -> (std::process::Child, Receiver<serde_json::Value>) {
+    let mut watch = k.spawn(&["get", "hpa", name, "-o", "json", "--watch"]);
+    let stdout = watch.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for v in serde_json::Deserializer::from_reader(stdout).into_iter::<serde_json::Value>() {
+            let Ok(v) = v else { break };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    (watch, rx)
+}
+
+/// The first status the watch shows that `done` accepts, within `timeout`.
+fn hpa_status_until(
+    rx: &Receiver<serde_json::Value>,
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    let mut last = serde_json::Value::Null;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(v) if done(&v["status"]) => return v["status"].clone(),
+            Ok(v) => last = v["status"].clone(),
+            Err(e) => panic!("{what}: not within {timeout:?} ({e}); last status: {last}"),
+        }
+    }
 }
 
 /// Percent of its memory request the pod's target is (Utilization).
@@ -249,17 +296,7 @@ fn autoscale_on_memory(k: &Kubectl) {
         "--max=5",
     ]);
     assert!(out.contains("autoscaled"), "{out}");
-    let mut watch = k.spawn(&["get", "hpa", "grow", "-o", "json", "--watch"]);
-    let stdout = watch.stdout.take().expect("piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for v in serde_json::Deserializer::from_reader(stdout).into_iter::<serde_json::Value>() {
-            let Ok(v) = v else { break };
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut watch, rx) = watch_hpa(k, "grow");
     let metrics = serde_json::json!({"spec": {"metrics": [{"type": "Resource", "resource":
         {"name": "memory", "target": {"type": "Utilization", "averageUtilization": MEMORY_TARGET}}}]}});
     k.ok(&[
@@ -272,16 +309,12 @@ fn autoscale_on_memory(k: &Kubectl) {
     ]);
 
     // The status the controller wrote with its first rescale: what it measured and chose.
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let v = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|e| panic!("no rescale of hpa/grow within 300 s ({e})"));
-        if v["status"]["lastScaleTime"].is_string() {
-            break v["status"].clone();
-        }
-    };
+    let status = hpa_status_until(
+        &rx,
+        "a rescale of hpa/grow",
+        Duration::from_secs(300),
+        |s| s["lastScaleTime"].is_string(),
+    );
     let _ = watch.kill();
     let _ = watch.wait();
     eprintln!("hpa/grow status at its first rescale: {status}");
@@ -338,4 +371,203 @@ fn autoscale_on_memory(k: &Kubectl) {
         "New size: {expected}; reason: memory resource utilization (percentage of request) above target"
     );
     assert!(events.lines().any(|l| l == want), "{want}\n{events}");
+}
+
+/// Percent of its CPU request the CPU test's target is (kubectl autoscale --cpu-percent).
+const CPU_TARGET: i64 = 50;
+/// What the loaded pod burns: six times its 50m request.
+const BURN_MILLICORES: u64 = 300;
+
+/// The CPU utilization (percent of request) a status reports, if it reports one.
+fn cpu_utilization(status: &serde_json::Value) -> Option<i64> {
+    status["currentMetrics"]
+        .as_array()?
+        .iter()
+        .find(|m| m["resource"]["name"] == "cpu")?["resource"]["current"]["averageUtilization"]
+        .as_i64()
+}
+
+fn has_condition(status: &serde_json::Value, type_: &str, reason: &str) -> bool {
+    status["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == type_ && c["reason"] == reason)
+    })
+}
+
+/// A Deployment of one echo pod requesting 50m CPU, autoscaled by `kubectl autoscale
+/// --cpu-percent=50 --min=1 --max=3` (left on CPU) with a scale-down stabilization window of
+/// 0: idle, the HPA measures it under the target and keeps one replica; made to burn 300m
+/// (`/control/burn/300`), it is scaled above one and `kubectl get hpa` shows the CPU
+/// percentage; the load stopped, it is scaled back to one. A SuccessfulRescale Event each way.
+fn autoscale_on_cpu(k: &Kubectl) {
+    let started = Instant::now();
+    let phase = |what: &str| eprintln!("hpa/spin: {what} after {:.1?}", started.elapsed());
+    let manifest = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "spin"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "spin"}},
+            "template": {"metadata": {"labels": {"app": "spin"}},
+                "spec": {"containers": [{"name": "web", "image": ECHO_IMAGE,
+                    "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}}]}}}
+    });
+    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
+    assert!(r.success, "creating spin: {}", r.stderr);
+    k.ok(&["rollout", "status", "deployment/spin", "--timeout=120s"]);
+    let pod = k.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "app=spin",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let pod = pod.trim().to_string();
+    assert!(!pod.is_empty());
+
+    let out = k.ok(&[
+        "autoscale",
+        "deployment",
+        "spin",
+        &format!("--cpu-percent={CPU_TARGET}"),
+        "--min=1",
+        "--max=3",
+    ]);
+    assert!(out.contains("autoscaled"), "{out}");
+    let (mut watch, rx) = watch_hpa(k, "spin");
+    let behavior = serde_json::json!({"spec": {"behavior":
+        {"scaleDown": {"stabilizationWindowSeconds": 0}}}});
+    k.ok(&[
+        "patch",
+        "hpa",
+        "spin",
+        "--type=merge",
+        "-p",
+        &behavior.to_string(),
+    ]);
+    let hpa: serde_json::Value =
+        serde_json::from_str(&k.ok(&["get", "hpa", "spin", "-o", "json"])).unwrap();
+    let spec = &hpa["spec"];
+    assert_eq!(spec["metrics"][0]["resource"]["name"], "cpu", "{spec}");
+    assert_eq!(
+        spec["metrics"][0]["resource"]["target"]["averageUtilization"], CPU_TARGET,
+        "{spec}"
+    );
+    assert_eq!(
+        spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"], 0,
+        "{spec}"
+    );
+    phase("autoscaled");
+
+    // Idle: measured, under the target, one replica.
+    let idle = hpa_status_until(&rx, "hpa/spin measuring the idle pod", T, |s| {
+        cpu_utilization(s).is_some() && has_condition(s, "ScalingActive", "ValidMetricFound")
+    });
+    phase(&format!("idle pod measured: {idle}"));
+    assert!(cpu_utilization(&idle).unwrap() < CPU_TARGET, "{idle}");
+    assert_eq!(idle["desiredReplicas"], 1, "{idle}");
+
+    // Load: one replica burning six times its request.
+    let burning = k.ok(&[
+        "exec",
+        &pod,
+        "--",
+        "/echo",
+        "fetch",
+        &format!("http://127.0.0.1:8080/control/burn/{BURN_MILLICORES}"),
+    ]);
+    assert!(
+        burning.contains(&format!("burning {BURN_MILLICORES}m")),
+        "{burning}"
+    );
+    let up = hpa_status_until(&rx, "hpa/spin scaling up", T, |s| {
+        s["desiredReplicas"].as_i64().is_some_and(|d| d > 1)
+    });
+    phase(&format!("scaled up: {up}"));
+    let up_to = up["desiredReplicas"].as_i64().unwrap();
+    assert!(up_to <= 3, "{up}");
+    assert_eq!(up["currentReplicas"], 1, "{up}");
+    assert!(up["lastScaleTime"].is_string(), "{up}");
+    assert!(cpu_utilization(&up).unwrap() > CPU_TARGET * 11 / 10, "{up}");
+    assert!(
+        has_condition(&up, "AbleToScale", "SucceededRescale"),
+        "{up}"
+    );
+    let replicas = k.ok(&[
+        "get",
+        "deployment",
+        "spin",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ]);
+    assert!(
+        replicas.trim().parse::<i64>().unwrap() >= up_to,
+        "{replicas}"
+    );
+    // TARGETS: `cpu: <measured>%/50%`.
+    let row = k.ok(&["get", "hpa", "spin", "--no-headers"]);
+    let w: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(w.get(1), Some(&"Deployment/spin"), "{row}");
+    assert_eq!(w.get(2), Some(&"cpu:"), "{row}");
+    let measured = w
+        .get(3)
+        .and_then(|t| t.strip_suffix(&format!("%/{CPU_TARGET}%")))
+        .and_then(|p| p.parse::<i64>().ok())
+        .unwrap_or_else(|| panic!("{row}"));
+    assert!(measured > CPU_TARGET, "{row}");
+    eprintln!("{row}");
+
+    // The load stopped, every replica up (so each has its own sample): back to one.
+    let stopped = k.ok(&[
+        "exec",
+        &pod,
+        "--",
+        "/echo",
+        "fetch",
+        "http://127.0.0.1:8080/control/burn/0",
+    ]);
+    assert!(stopped.contains("burning 0m"), "{stopped}");
+    k.ok(&["rollout", "status", "deployment/spin", "--timeout=120s"]);
+    phase("load stopped");
+    let down = hpa_status_until(&rx, "hpa/spin scaling back down to 1", T, |s| {
+        s["desiredReplicas"] == 1
+    });
+    phase(&format!("scaled down: {down}"));
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(cpu_utilization(&down).unwrap() < CPU_TARGET, "{down}");
+    assert!(
+        has_condition(&down, "AbleToScale", "SucceededRescale"),
+        "{down}"
+    );
+    let replicas = k.ok(&[
+        "get",
+        "deployment",
+        "spin",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ]);
+    assert_eq!(replicas.trim(), "1");
+
+    let events = k.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=spin,reason=SuccessfulRescale",
+        "-o",
+        "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+    ]);
+    let up_event = format!(
+        "New size: {up_to}; reason: cpu resource utilization (percentage of request) above target"
+    );
+    assert!(
+        events.lines().any(|l| l == up_event),
+        "{up_event}\n{events}"
+    );
+    assert!(
+        events
+            .lines()
+            .any(|l| l == "New size: 1; reason: All metrics below target"),
+        "{events}"
+    );
+    phase("done");
 }
