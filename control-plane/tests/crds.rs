@@ -522,10 +522,340 @@ fn kube_rs_derived_kind_round_trips() {
     assert!(table.lines().next().unwrap().contains("SIZE"), "{table}");
 }
 
+/// A kubectl acting as `user`, with a client certificate from the cluster CA (not
+/// impersonation: the request's own identity), in a home of its own.
+fn kubectl_as(f: &ServerFixture, user: &str) -> skiff_tests::kubectl::Kubectl {
+    use control_plane::apiserver::kubeconfig::{self, Credentials};
+    use control_plane::pki::{Ca, CertSpec};
+    let pki = f.server.pki_dir();
+    let ca = Ca::load(&pki.join("ca.crt"), &pki.join("ca.key")).expect("the cluster CA");
+    let issued = ca
+        .issue(&CertSpec::client(
+            user,
+            None,
+            Duration::from_secs(24 * 3600),
+        ))
+        .expect("a client certificate");
+    let home = f.dir.path().join(user);
+    std::fs::create_dir_all(&home).unwrap();
+    let path = home.join("kubeconfig");
+    kubeconfig::write(
+        &path,
+        f.server.url(),
+        ca.cert_pem(),
+        user,
+        &Credentials::Certificate(issued),
+    )
+    .expect("writing the user's kubeconfig");
+    skiff_tests::kubectl::Kubectl::new(&path, &home)
+}
+
+/// Custom resources are authorized as any kind, by their group and plural: a user with no
+/// grant gets Kubernetes' 403; a Role on `widgets` in one namespace lets them read there, and
+/// only read, and only there.
+fn custom_resources_are_authorized_by_group_and_plural() {
+    let f = start();
+    establish(&f);
+    let p = f.file("small.yaml", &widget("small", "  size: 3\n"));
+    f.k.ok(&["apply", "-f", &p]);
+    f.k.ok(&["create", "namespace", "other"]);
+    let p = f.file("elsewhere.yaml", &widget("elsewhere", "  size: 2\n"));
+    f.k.ok(&["apply", "-n", "other", "-f", &p]);
+    let jane = kubectl_as(&f, "jane");
+
+    let err = jane.fails(&["get", "widgets"]);
+    assert!(
+        err.contains(r#"Error from server (Forbidden): widgets.example.com is forbidden: User "jane" cannot list resource "widgets" in API group "example.com" in the namespace "default""#),
+        "{err}"
+    );
+    let err = jane.fails(&["get", "widget", "small"]);
+    assert!(
+        err.contains(r#"widgets.example.com "small" is forbidden: User "jane" cannot get resource "widgets" in API group "example.com" in the namespace "default""#),
+        "{err}"
+    );
+
+    f.k.ok(&[
+        "create",
+        "role",
+        "widget-reader",
+        "--verb=get,list",
+        "--resource=widgets.example.com",
+        "-n",
+        "default",
+    ]);
+    f.k.ok(&[
+        "create",
+        "rolebinding",
+        "widget-reader",
+        "--role=widget-reader",
+        "--user=jane",
+        "-n",
+        "default",
+    ]);
+    let names = wait_until("jane may list widgets", Duration::from_secs(30), || {
+        let r = jane.run(&["get", "widgets", "-o", "name"]);
+        if r.success {
+            Ok(r.stdout)
+        } else {
+            Err(r.stderr)
+        }
+    });
+    assert_eq!(names.trim(), "widget.example.com/small");
+    let w = json(&jane.ok(&["get", "widget", "small", "-o", "json"]));
+    assert_eq!(w["spec"]["size"], 3);
+
+    // Only what the Role says: no write, no other namespace, not the cluster scope, not the
+    // status subresource (kubectl's patch reads it first).
+    let err = jane.fails(&["delete", "widget", "small"]);
+    assert!(
+        err.contains(r#"widgets.example.com "small" is forbidden: User "jane" cannot delete resource "widgets" in API group "example.com" in the namespace "default""#),
+        "{err}"
+    );
+    let err = jane.fails(&["get", "widgets", "-n", "other"]);
+    assert!(
+        err.contains(r#"widgets.example.com is forbidden: User "jane" cannot list resource "widgets" in API group "example.com" in the namespace "other""#),
+        "{err}"
+    );
+    let err = jane.fails(&["get", "widgets", "--all-namespaces"]);
+    assert!(
+        err.contains(r#"widgets.example.com is forbidden: User "jane" cannot list resource "widgets" in API group "example.com" at the cluster scope"#),
+        "{err}"
+    );
+    let err = jane.fails(&[
+        "patch",
+        "widget",
+        "small",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"ready":true}}"#,
+    ]);
+    assert!(
+        err.contains(r#"widgets.example.com "small" is forbidden: User "jane" cannot get resource "widgets/status" in API group "example.com" in the namespace "default""#),
+        "{err}"
+    );
+    f.k.ok(&["get", "widget", "small"]);
+}
+
+/// A raw request as the admin: status code, Warning headers, body.
+async fn raw(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Value,
+) -> (u16, Vec<String>, Value) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap();
+    let resp = client.send(req).await.unwrap();
+    let code = resp.status().as_u16();
+    let warnings = resp
+        .headers()
+        .get_all(http::header::WARNING)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (
+        code,
+        warnings,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// The machinery of built-in kinds on custom resources: a JSON patch (applied, and a 422 with
+/// the field path when its result breaks the schema), fieldValidation=Warn (a Warning per
+/// unknown field, which is pruned), and the 422 a typed client sees for an invalid object.
+fn json_patch_field_validation_warn_and_422_on_custom_resources() {
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+    let f = start();
+    establish(&f);
+    let p = f.file("small.yaml", &widget("small", "  size: 3\n"));
+    f.k.ok(&["apply", "-f", &p]);
+    const PATH: &str = "/apis/example.com/v1/namespaces/default/widgets";
+    const JSON_PATCH: &str = "application/json-patch+json";
+
+    // kubectl's JSON patch.
+    f.k.ok(&[
+        "patch",
+        "widget",
+        "small",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/size","value":4},{"op":"add","path":"/spec/tags","value":["x"]}]"#,
+    ]);
+    let w = json(&f.k.ok(&["get", "widget", "small", "-o", "json"]));
+    assert_eq!(
+        (w["spec"]["size"].clone(), w["spec"]["tags"].clone()),
+        (serde_json::json!(4), serde_json::json!(["x"])),
+        "{w}"
+    );
+    assert_eq!(w["metadata"]["generation"], 2);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(f.server.kubeconfig()).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+
+        // A JSON patch on the wire: applied; its `test` guards it.
+        let (code, _, w) = raw(
+            &client,
+            "PATCH",
+            &format!("{PATH}/small"),
+            JSON_PATCH,
+            serde_json::json!([{"op": "test", "path": "/spec/size", "value": 4},
+                {"op": "replace", "path": "/spec/color", "value": "red"}]),
+        )
+        .await;
+        assert_eq!(code, 200, "{w}");
+        assert_eq!(w["spec"]["color"], "red");
+        // A result the schema refuses: 422 Invalid, the field path in the causes; nothing
+        // stored.
+        let (code, _, s) = raw(
+            &client,
+            "PATCH",
+            &format!("{PATH}/small"),
+            JSON_PATCH,
+            serde_json::json!([{"op": "replace", "path": "/spec/size", "value": 20}]),
+        )
+        .await;
+        assert_eq!(code, 422, "{s}");
+        assert_eq!((s["kind"].as_str(), s["reason"].as_str(), s["code"].as_i64()), (Some("Status"), Some("Invalid"), Some(422)), "{s}");
+        assert!(
+            s["message"].as_str().unwrap().contains(
+                "spec.size: Invalid value: 20: spec.size in body should be less than or equal to 10"
+            ),
+            "{s}"
+        );
+        let causes = s["details"]["causes"].as_array().unwrap();
+        assert!(causes.iter().any(|c| c["field"] == "spec.size"), "{s}");
+        let (_, _, w) = raw(&client, "GET", &format!("{PATH}/small"), "application/json", Value::Null).await;
+        assert_eq!(w["spec"]["size"], 4, "the refused patch stored nothing");
+        // A patch that does not apply (a path that is not there) is refused too.
+        let (code, _, s) = raw(
+            &client,
+            "PATCH",
+            &format!("{PATH}/small"),
+            JSON_PATCH,
+            serde_json::json!([{"op": "test", "path": "/spec/size", "value": 5}]),
+        )
+        .await;
+        assert!(code == 422 || code == 409 || code == 400, "{code} {s}");
+
+        // fieldValidation=Warn: created, one Warning per unknown field, the fields pruned.
+        let body = serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "warned", "labels": {"a": "b"}},
+            "spec": {"size": 2, "flavor": "sweet", "shape": "round"}});
+        let (code, warnings, w) = raw(
+            &client,
+            "POST",
+            &format!("{PATH}?fieldValidation=Warn"),
+            "application/json",
+            body.clone(),
+        )
+        .await;
+        assert_eq!(code, 201, "{w}");
+        assert_eq!(
+            warnings,
+            [
+                r#"299 - "unknown field \"spec.flavor\"""#,
+                r#"299 - "unknown field \"spec.shape\"""#
+            ],
+        );
+        assert!(w["spec"].get("flavor").is_none() && w["spec"].get("shape").is_none(), "{w}");
+        assert_eq!(w["spec"]["size"], 2);
+        // Ignore: the same, silently; Strict: a 400 naming them.
+        let mut quiet = body.clone();
+        quiet["metadata"]["name"] = "quiet".into();
+        let (code, warnings, _) = raw(&client, "POST", &format!("{PATH}?fieldValidation=Ignore"), "application/json", quiet).await;
+        assert_eq!((code, warnings.len()), (201, 0));
+        let mut strict = body.clone();
+        strict["metadata"]["name"] = "strict".into();
+        let (code, _, s) = raw(&client, "POST", &format!("{PATH}?fieldValidation=Strict"), "application/json", strict).await;
+        assert_eq!(code, 400, "{s}");
+        assert!(s["message"].as_str().unwrap().contains(r#"unknown field "spec.flavor""#), "{s}");
+        // A merge patch under Warn says so as well.
+        let (code, warnings, w) = raw(
+            &client,
+            "PATCH",
+            &format!("{PATH}/warned?fieldValidation=Warn"),
+            "application/merge-patch+json",
+            serde_json::json!({"spec": {"size": 3, "weight": 1}}),
+        )
+        .await;
+        assert_eq!(code, 200, "{w}");
+        assert_eq!(warnings, [r#"299 - "unknown field \"spec.weight\"""#]);
+        assert!(w["spec"].get("weight").is_none(), "{w}");
+
+        // Built-in kinds warn the same way; Warn is the default when a client says nothing.
+        let (code, warnings, cm) = raw(
+            &client,
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            "application/json",
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c", "nmae": "x"}, "data": {"a": "b"}}),
+        )
+        .await;
+        assert_eq!(code, 201, "{cm}");
+        assert_eq!(warnings, [r#"299 - "unknown field \"metadata.nmae\"""#]);
+
+        // The typed client: an invalid object is a 422 Invalid with the field path.
+        let ar = ApiResource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            api_version: "example.com/v1".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+        };
+        let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+        let bad = DynamicObject::new("bad", &ar).data(serde_json::json!({"spec": {"size": 0, "color": "green"}}));
+        let err = widgets.create(&PostParams::default(), &bad).await.unwrap_err();
+        let kube::Error::Api(status) = err else {
+            panic!("not an API error: {err}")
+        };
+        assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"), "{status:?}");
+        assert!(status.message.contains("spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"), "{status:?}");
+        let fields: Vec<String> = status
+            .details
+            .map(|d| d.causes)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert!(fields.contains(&"spec.size".to_string()) && fields.contains(&"spec.color".to_string()), "{fields:?}");
+        assert!(widgets.get_opt("bad").await.unwrap().is_none());
+    });
+
+    // What a kubectl user sees under --validate=warn.
+    let p = f.file(
+        "extra.yaml",
+        &widget("extra", "  size: 2\n  flavor: sweet\n"),
+    );
+    let r = f.k.run(&["create", "--validate=warn", "-f", &p]);
+    assert!(r.success, "{r:?}");
+    assert!(
+        r.stderr.contains(r#"Warning: unknown field "spec.flavor""#),
+        "{r:?}"
+    );
+}
+
 on_both_stores!(
     sync: definition_validates_prunes_defaults_and_prints,
     kube_rs_derived_kind_round_trips,
     bad_definitions_are_refused_with_field_paths,
     two_versions_and_deletion_cascade,
     definitions_survive_a_restart,
+    custom_resources_are_authorized_by_group_and_plural,
+    json_patch_field_validation_warn_and_422_on_custom_resources,
 );

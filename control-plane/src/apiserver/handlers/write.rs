@@ -98,13 +98,21 @@ fn decode_body(call: &Call<'_>, opts: &WriteOptions) -> Result<Value, ApiError> 
     Ok(obj)
 }
 
-/// `fieldValidation=Strict`: unknown fields are a 400 naming each.
+/// `fieldValidation=Strict`: unknown fields are a 400 naming each; `Warn` (the default):
+/// a warning for each (`unknown field "spec.x"`, Kubernetes' text) and the write goes on (a
+/// custom resource's are pruned); `Ignore`: nothing is said.
 fn strict(r: &Resource, obj: &Value, opts: &WriteOptions) -> Result<(), ApiError> {
-    if opts.field_validation != FieldValidation::Strict {
+    if opts.field_validation == FieldValidation::Ignore {
         return Ok(());
     }
     let unknown = rules::unknown_fields(r, obj);
     if unknown.is_empty() {
+        return Ok(());
+    }
+    if opts.field_validation == FieldValidation::Warn {
+        for f in &unknown {
+            crate::apiserver::warning::add(format!("unknown field \"{f}\""));
+        }
         return Ok(());
     }
     Err(ApiError::bad_request(
