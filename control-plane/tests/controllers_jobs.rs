@@ -728,10 +728,10 @@ async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
         );
         let owned = owned_by(&jobs, "forbid").await;
         let names: Vec<String> = owned.iter().map(|j| j.name_any()).collect();
-        assert_eq!(names, [forbid_1.clone()], "still the one Job");
+        assert_eq!(names, std::slice::from_ref(&forbid_1), "still the one Job");
         assert_eq!(
             made("forbid").into_keys().collect::<Vec<_>>(),
-            [forbid_1.clone()],
+            std::slice::from_ref(&forbid_1),
             "no second Job ever existed"
         );
         let status = cron_jobs.get("forbid").await.unwrap().status.unwrap();
@@ -746,7 +746,7 @@ async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
             .into_iter()
             .filter_map(|r| r.name)
             .collect();
-        assert_eq!(active, [forbid_1.clone()]);
+        assert_eq!(active, std::slice::from_ref(&forbid_1));
         let events: Api<Event> = c.api("default");
         let skipped = events
             .list(&ListParams::default().fields("involvedObject.name=forbid"))
