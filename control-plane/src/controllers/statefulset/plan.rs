@@ -463,6 +463,111 @@ mod tests {
     }
 
     #[test]
+    fn max_unavailable_rolls_several_pods_at_once() {
+        let now = Timestamp::now();
+        let with = |m: serde_json::Value, extra: serde_json::Value| {
+            let mut v = json!({"updateStrategy": {"type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": m}}});
+            if let (Some(a), serde_json::Value::Object(b)) = (v.as_object_mut(), extra) {
+                a.extend(b);
+            }
+            set(v)
+        };
+        let old = [pod(0, "r1", true), pod(1, "r1", true), pod(2, "r1", true)];
+        // Two at once, from the highest ordinal.
+        let p = plan(&with(json!(2), json!({})), &old, &ROLL, now);
+        assert_eq!(deletes(&p), ["web-2", "web-1"]);
+        assert!(p.steps.iter().all(|s| matches!(
+            s,
+            Step::Delete {
+                why: Why::Update,
+                ..
+            }
+        )));
+        // More than the replicas: every pod at once.
+        let p = plan(&with(json!(5), json!({})), &old, &ROLL, now);
+        assert_eq!(deletes(&p), ["web-2", "web-1", "web-0"]);
+        // The partition still bounds it.
+        let partitioned = set(json!({"updateStrategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": 3, "partition": 1}}}));
+        let p = plan(&partitioned, &old, &ROLL, now);
+        assert_eq!(deletes(&p), ["web-2", "web-1"]);
+        // A percentage of the replicas, rounded down: 50% of 4 is 2, 50% of 3 is 1, and
+        // never less than one.
+        let four = [
+            pod(0, "r1", true),
+            pod(1, "r1", true),
+            pod(2, "r1", true),
+            pod(3, "r1", true),
+        ];
+        let p = plan(
+            &with(json!("50%"), json!({"replicas": 4})),
+            &four,
+            &ROLL,
+            now,
+        );
+        assert_eq!(deletes(&p), ["web-3", "web-2"]);
+        let p = plan(&with(json!("50%"), json!({})), &old, &ROLL, now);
+        assert_eq!(deletes(&p), ["web-2"]);
+        let p = plan(&with(json!("10%"), json!({})), &old, &ROLL, now);
+        assert_eq!(deletes(&p), ["web-2"]);
+        // Pods already at the update revision are skipped, not counted.
+        let half = [pod(0, "r1", true), pod(1, "r1", true), pod(2, "r2", true)];
+        let p = plan(&with(json!(2), json!({})), &half, &ROLL, now);
+        assert_eq!(deletes(&p), ["web-1", "web-0"]);
+    }
+
+    #[test]
+    fn max_unavailable_counts_pods_already_unavailable() {
+        let now = Timestamp::now();
+        // Parallel, so that an unready pod does not stop the sync before the update.
+        let s = set(json!({"podManagementPolicy": "Parallel", "replicas": 4,
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}}));
+        let mut terminating = (*pod(3, "r1", true)).clone();
+        terminating.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        // web-3 is on its way out (being updated): one more may go.
+        let all = [
+            pod(0, "r1", true),
+            pod(1, "r1", true),
+            pod(2, "r1", true),
+            Arc::new(terminating),
+        ];
+        assert_eq!(deletes(&plan(&s, &all, &ROLL, now)), ["web-2"]);
+        // web-3 is back at the update revision but not Ready yet, web-2 is going: none.
+        let mut going = (*pod(2, "r1", true)).clone();
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        let all = [
+            pod(0, "r1", true),
+            pod(1, "r1", true),
+            Arc::new(going),
+            pod(3, "r2", false),
+        ];
+        assert!(deletes(&plan(&s, &all, &ROLL, now)).is_empty());
+        // An unready pod below the partition counts as well.
+        let s = set(json!({"podManagementPolicy": "Parallel", "replicas": 4,
+            "updateStrategy": {"type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 2, "partition": 2}}}));
+        let all = [
+            pod(0, "r1", false),
+            pod(1, "r1", true),
+            pod(2, "r1", true),
+            pod(3, "r1", true),
+        ];
+        assert_eq!(deletes(&plan(&s, &all, &ROLL, now)), ["web-3"]);
+        // With the default of one, the update waits for the replacement to be Ready.
+        let s = set(json!({"podManagementPolicy": "Parallel"}));
+        let all = [pod(0, "r1", true), pod(1, "r1", true), pod(2, "r2", false)];
+        assert!(deletes(&plan(&s, &all, &ROLL, now)).is_empty());
+        // Under OrderedReady an unready pod stops the sync before any update.
+        let s = set(json!({"updateStrategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": 3}}}));
+        let all = [pod(0, "r1", true), pod(1, "r1", false), pod(2, "r1", true)];
+        assert!(plan(&s, &all, &ROLL, now).steps.is_empty());
+    }
+
+    #[test]
     fn failed_pods_are_replaced_and_identity_fixed() {
         let now = Timestamp::now();
         let s = set(json!({}));
