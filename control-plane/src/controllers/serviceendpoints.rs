@@ -234,6 +234,43 @@ mod tests {
     }
 
     #[test]
+    fn endpoints_carry_the_hostname_of_pods_in_the_services_subdomain() {
+        let svc = |name: &str| Service {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                cluster_ip: Some("None".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pod = |hostname: Option<&str>, subdomain: Option<&str>| {
+            let mut p = pod_with_port("http", 80);
+            let spec = p.spec.as_mut().unwrap();
+            spec.hostname = hostname.map(String::from);
+            spec.subdomain = subdomain.map(String::from);
+            p
+        };
+        // A StatefulSet's pod: hostname web-1 in the subdomain of its headless Service web.
+        let member = pod(Some("web-1"), Some("web"));
+        assert_eq!(hostname(&member, &svc("web")), Some("web-1".into()));
+        // Another Service selecting the same pod does not name it.
+        assert_eq!(hostname(&member, &svc("other")), None);
+        // No subdomain, or no (or an empty) hostname: no name.
+        assert_eq!(hostname(&pod(Some("web-1"), None), &svc("web")), None);
+        assert_eq!(hostname(&pod(None, Some("web")), &svc("web")), None);
+        assert_eq!(hostname(&pod(Some(""), Some("web")), &svc("web")), None);
+        assert_eq!(hostname(&Pod::default(), &svc("web")), None);
+        // A change of hostname or subdomain reaches the endpoints.
+        assert!(relevant_change(&member, &pod(Some("web-1"), Some("other"))));
+        assert!(relevant_change(&member, &pod(Some("web-2"), Some("web"))));
+        assert!(!relevant_change(&member, &member.clone()));
+    }
+
+    #[test]
     fn terminating_pods_are_serving_but_not_ready() {
         let mut p = pod_with_port("http", 80);
         p.status.as_mut().unwrap().conditions =
