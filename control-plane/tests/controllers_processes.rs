@@ -3,7 +3,8 @@
 //! duration of a SIGKILL or SIGSTOP, or at once when the leader releases it on SIGTERM; a
 //! leader resumed after SIGSTOP gives up at once and writes nothing); and the all-in-one
 //! `server` with the real kubectl: `kubectl rollout status`, `set image`, `rollout undo` and
-//! `--to-revision` end to end, and with `--disable scheduler` pods stay Pending.
+//! `--to-revision` end to end, and with `--disable scheduler` pods stay Pending. In process:
+//! a leadership term's client writes only while the term runs.
 
 mod controllers_support;
 
@@ -476,6 +477,59 @@ async fn a_stopped_leader_is_deposed_and_writes_nothing_when_it_resumes() {
     })
     .await;
     assert_eq!(by.iter().filter(|i| **i == second).count(), 3, "{by:?}");
+    c.shutdown().await;
+}
+
+/// The fence of a term's client, in process against the real API server: its writes reach
+/// the server while the term runs, and fail without reaching it once the term has ended
+/// (what keeps a deposed leader's stale controllers from creating pods).
+#[tokio::test]
+async fn a_terms_client_writes_only_while_the_term_runs() {
+    use control_plane::runtime::{LeaderElectionConfig, LeaderElector, Metrics};
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    let c = Cluster::api_only().await;
+    let mut config = LeaderElectionConfig::new("fence-test");
+    config.lease_duration = LEASE;
+    config.renew_deadline = Duration::from_secs(2);
+    config.retry_period = Duration::from_millis(500);
+    let elector = LeaderElector::new(c.client.clone(), config, Metrics::new());
+    let token = tokio_util::sync::CancellationToken::new();
+    let map = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    let (admin, outer) = (c.client.clone(), token.clone());
+    let after_term = std::sync::Mutex::new(None);
+    let (elector, after) = (&elector, &after_term);
+    elector
+        .run(token.clone(), |term| {
+            let client = elector.fenced(admin.clone(), &term);
+            let outer = outer.clone();
+            let (during, ended) = (map("during"), map("after"));
+            async move {
+                let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+                maps.create(&PostParams::default(), &during).await.unwrap();
+                // The process shuts down: the term ends.
+                outer.cancel();
+                term.cancelled().await;
+                let refused = maps.create(&PostParams::default(), &ended).await;
+                let read = maps.get_opt("during").await;
+                *after.lock().unwrap() = Some((refused, read));
+            }
+        })
+        .await;
+    let (refused, read) = after_term.into_inner().unwrap().expect("the term ran");
+    match refused {
+        Err(kube::Error::Service(e)) => assert!(e.to_string().contains("not the leader"), "{e}"),
+        other => panic!("a write after the term must be refused: {other:?}"),
+    }
+    assert!(read.unwrap().is_some(), "reads pass the fence");
+    let maps: Api<ConfigMap> = c.api("default");
+    assert!(maps.get_opt("during").await.unwrap().is_some());
+    assert!(
+        maps.get_opt("after").await.unwrap().is_none(),
+        "the refused write never reached the server"
+    );
     c.shutdown().await;
 }
 

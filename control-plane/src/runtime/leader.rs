@@ -562,18 +562,34 @@ struct Fenced {
 impl Fenced {
     /// Why a write may not go out now, if it may not.
     fn closed(&self) -> Option<String> {
-        if self.term.is_cancelled() {
-            return Some("the leadership term has ended".into());
-        }
         let renewed = *self.renewed.lock().unwrap_or_else(|p| p.into_inner());
-        let since = renewed.map(|t| t.elapsed());
-        if since.is_none_or(|s| s > self.deadline) {
-            return Some(format!(
-                "the lease was last renewed {since:?} ago (renew deadline {:?}): it may be another's",
-                self.deadline
-            ));
-        }
-        None
+        fence_closed(
+            self.term.is_cancelled(),
+            renewed,
+            Instant::now(),
+            self.deadline,
+        )
+    }
+}
+
+/// Why the work of a term may not write at `now`: the term has ended, or the last renewal
+/// (which began at `renewed`) is more than the renew `deadline` old, so the lease may be
+/// another's by now (a standby takes it a whole lease duration after it saw that renewal).
+fn fence_closed(
+    ended: bool,
+    renewed: Option<Instant>,
+    now: Instant,
+    deadline: Duration,
+) -> Option<String> {
+    if ended {
+        return Some("the leadership term has ended".into());
+    }
+    match renewed.map(|t| now.saturating_duration_since(t)) {
+        Some(age) if age <= deadline => None,
+        Some(age) => Some(format!(
+            "the lease was last renewed {age:?} ago (renew deadline {deadline:?}): it may be another's"
+        )),
+        None => Some("the lease was never renewed".into()),
     }
 }
 
@@ -680,5 +696,19 @@ mod tests {
         assert_eq!(standby_wake(t0, t0 + s(3), t0, Some(&free)), t0 + s(3));
         // Nothing seen (the API server did not answer): at the poll.
         assert_eq!(standby_wake(t0, t0 + s(3), t0, None), t0 + s(3));
+    }
+
+    #[test]
+    fn the_fence_closes_when_the_term_ends_or_the_renewal_is_older_than_the_deadline() {
+        let t0 = Instant::now();
+        let deadline = Duration::from_secs(10);
+        let after = |s| t0 + Duration::from_secs(s);
+        assert_eq!(fence_closed(false, Some(t0), after(2), deadline), None);
+        assert_eq!(fence_closed(false, Some(t0), after(10), deadline), None);
+        // Stopped (SIGSTOP) past the deadline: closed before any renewal is answered.
+        let stale = fence_closed(false, Some(t0), after(11), deadline).unwrap();
+        assert!(stale.contains("11s"), "{stale}");
+        assert!(fence_closed(false, None, t0, deadline).is_some());
+        assert!(fence_closed(true, Some(t0), t0, deadline).is_some());
     }
 }
