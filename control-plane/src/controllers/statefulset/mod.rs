@@ -152,28 +152,30 @@ pub fn new_pod(set: &StatefulSet, template: &PodTemplateSpec, revision: &str, or
     pod
 }
 
-/// The owner references a claim should have under the retention policy.
+/// The owner references a claim should have under the retention policy: whenDeleted: Delete
+/// makes the set its owner; whenScaled: Delete makes a condemned pod its only owner (the
+/// garbage collector deletes an object only once every owner is gone, so the set's
+/// reference would keep it).
 fn claim_owners(set: &StatefulSet, pod: Option<&Pod>, condemned: bool) -> Vec<OwnerReference> {
     let policy = set
         .spec
         .as_ref()
         .and_then(|s| s.persistent_volume_claim_retention_policy.clone())
         .unwrap_or_default();
-    let mut owners = vec![];
     let plain = |mut r: OwnerReference| {
         r.controller = None;
         r.block_owner_deletion = None;
         r
     };
-    if policy.when_deleted.as_deref() == Some("Delete") {
-        owners.push(plain(owner::controller_ref(set)));
-    }
     if condemned && policy.when_scaled.as_deref() == Some("Delete") {
         if let Some(p) = pod {
-            owners.push(plain(owner::controller_ref(p)));
+            return vec![plain(owner::controller_ref(p))];
         }
     }
-    owners
+    if policy.when_deleted.as_deref() == Some("Delete") {
+        return vec![plain(owner::controller_ref(set))];
+    }
+    vec![]
 }
 
 impl StatefulSetController {
@@ -582,5 +584,49 @@ mod tests {
         assert_eq!(owners.len(), 1);
         assert_eq!(owners[0].kind, "StatefulSet");
         assert_eq!(owners[0].controller, None);
+    }
+
+    #[test]
+    fn condemned_claims_are_owned_by_their_pod_alone_under_when_scaled_delete() {
+        let with = |when_scaled: &str, when_deleted: &str| -> StatefulSet {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default", "uid": "set-uid"},
+                "spec": {"serviceName": "web", "selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "c", "image": "i"}]}},
+                    "persistentVolumeClaimRetentionPolicy":
+                        {"whenScaled": when_scaled, "whenDeleted": when_deleted}}
+            }))
+            .unwrap()
+        };
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-2", "namespace": "default", "uid": "pod-uid"}
+        }))
+        .unwrap();
+        let owners = |set: &StatefulSet, condemned: bool| -> Vec<(String, String)> {
+            claim_owners(set, Some(&pod), condemned)
+                .into_iter()
+                .map(|r| (r.kind, r.uid))
+                .collect()
+        };
+        let set_ref = ("StatefulSet".to_string(), "set-uid".to_string());
+        let pod_ref = ("Pod".to_string(), "pod-uid".to_string());
+        // Both Delete: the set owns the claims of its replicas; a condemned pod's claim moves
+        // to the pod alone, or the set's reference would keep it after the pod is gone.
+        let both = with("Delete", "Delete");
+        assert_eq!(owners(&both, false), [set_ref.clone()]);
+        assert_eq!(owners(&both, true), [pod_ref.clone()]);
+        let scaled = with("Delete", "Retain");
+        assert!(owners(&scaled, false).is_empty());
+        assert_eq!(owners(&scaled, true), [pod_ref]);
+        let deleted = with("Retain", "Delete");
+        assert_eq!(owners(&deleted, false), [set_ref.clone()]);
+        assert_eq!(owners(&deleted, true), [set_ref]);
+        let retain = with("Retain", "Retain");
+        assert!(owners(&retain, false).is_empty());
+        assert!(owners(&retain, true).is_empty());
+        // No pod to own it yet: the set's reference stays until there is one.
+        assert_eq!(claim_owners(&both, None, true).len(), 1);
     }
 }
