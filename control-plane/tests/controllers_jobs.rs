@@ -610,14 +610,15 @@ fn minute_of(j: &Job) -> i64 {
         .unwrap_or_else(|| panic!("not a scheduled Job's name: {name}"))
 }
 
-// concurrencyPolicy Forbid and Replace, suspend and failedJobsHistoryLimit, all decided at
-// the same minute boundary: four `* * * * *` CronJobs side by side. Each is told (through
-// its status, the controller's own record) that it last ran two minutes ago, so the current
-// minute is due at once and the first Jobs start without waiting for a boundary; the next
-// minute boundary is then the one every policy is seen at, so the test costs at most about
-// a minute. Pods without an exit code run until deleted (the played node never ends them).
+// concurrencyPolicy Forbid and Replace, suspend, failedJobsHistoryLimit and
+// startingDeadlineSeconds, all seen at the same minute boundary, CronJobs side by side. Each
+// is told (through its status, the controller's own record) that it last ran two minutes
+// ago, so a missed time is due at once and the first Jobs start without waiting for a
+// boundary; the next minute boundary is then the one every policy is seen at, so the test
+// costs at most about a minute. Pods without an exit code run until deleted (the played
+// node never ends them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
+async fn cron_job_policies_suspend_history_and_deadline_at_the_next_minute() {
     use k8s_openapi::api::batch::v1::CronJob;
     use k8s_openapi::jiff::Timestamp;
     use std::collections::BTreeMap;
@@ -685,7 +686,22 @@ async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
             .extend(extra.as_object().unwrap().clone());
         serde_json::from_value(v).unwrap()
     };
+    let now = Timestamp::now();
+    let m = now.as_second().div_euclid(60);
+    // Two that run only at the minutes either side of this one: the one before is due at
+    // once, more than a minute late, which startingDeadlineSeconds 30 forbids.
+    let around = format!(
+        "{},{} * * * *",
+        (m - 1).rem_euclid(60),
+        (m + 1).rem_euclid(60)
+    );
     for cj in [
+        cron_job(
+            "deadline",
+            json!({"schedule": around, "startingDeadlineSeconds": 30}),
+            None,
+        ),
+        cron_job("nodeadline", json!({"schedule": around}), None),
         cron_job("forbid", json!({"concurrencyPolicy": "Forbid"}), None),
         cron_job("replace", json!({"concurrencyPolicy": "Replace"}), None),
         cron_job("paused", json!({"suspend": true}), None),
@@ -693,11 +709,16 @@ async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
     ] {
         cron_jobs.create(&PostParams::default(), &cj).await.unwrap();
     }
-    let now = Timestamp::now();
-    let two_minutes_ago =
-        Timestamp::from_second(now.as_second().div_euclid(60) * 60 - 120).unwrap();
+    let two_minutes_ago = Timestamp::from_second(m * 60 - 120).unwrap();
     let last_run = json!({"status": {"lastScheduleTime": two_minutes_ago.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}});
-    for name in ["forbid", "replace", "paused", "failing"] {
+    for name in [
+        "deadline",
+        "nodeadline",
+        "forbid",
+        "replace",
+        "paused",
+        "failing",
+    ] {
         cron_jobs
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&last_run))
             .await
@@ -714,9 +735,38 @@ async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
             .await
         }
     };
-    let (forbid_1, replace_1, failing_1) =
-        tokio::join!(first("forbid"), first("replace"), first("failing"));
+    let (forbid_1, replace_1, failing_1, late) = tokio::join!(
+        first("forbid"),
+        first("replace"),
+        first("failing"),
+        first("nodeadline")
+    );
     let minute = |name: &str| -> i64 { name.rsplit_once('-').unwrap().1.parse().unwrap() };
+    // Without a deadline the minute before runs, late as it is.
+    assert_eq!(minute(&late), m - 1, "{late}");
+
+    let deadline = async {
+        // With one, it is left out; the next scheduled minute runs on time.
+        let on_time = wait_until_async("the deadline CronJob's Job", WAIT, || async {
+            owned_by(&jobs, "deadline")
+                .await
+                .into_iter()
+                .next()
+                .ok_or("none yet")
+        })
+        .await;
+        assert_eq!(minute_of(&on_time), m + 1, "{}", on_time.name_any());
+        assert_eq!(
+            made("deadline").into_keys().collect::<Vec<_>>(),
+            [on_time.name_any()],
+            "the late minute never ran"
+        );
+        let created = on_time.metadata.creation_timestamp.clone().unwrap().0;
+        assert!(
+            created.as_second() - (m + 1) * 60 <= 30,
+            "within the deadline"
+        );
+    };
 
     let forbid = async {
         // Forbid: at the next minute the first Job still runs, so none is started; the
@@ -821,7 +871,7 @@ async fn cron_job_policies_suspend_and_failed_history_at_the_next_minute() {
             "the limit's one is kept"
         );
     };
-    let ((), replacing, ()) = tokio::join!(forbid, replace, failing);
+    let ((), replacing, (), ()) = tokio::join!(forbid, replace, failing, deadline);
 
     // Suspended: its due time was there from the start and the next minute has passed
     // (the others' Jobs for it exist), yet it never made a Job nor recorded a run.
