@@ -610,19 +610,19 @@ mod tests {
                 .map(|r| (r.kind, r.uid))
                 .collect()
         };
-        let set_ref = ("StatefulSet".to_string(), "set-uid".to_string());
-        let pod_ref = ("Pod".to_string(), "pod-uid".to_string());
+        let set_ref = || ("StatefulSet".to_string(), "set-uid".to_string());
+        let pod_ref = || ("Pod".to_string(), "pod-uid".to_string());
         // Both Delete: the set owns the claims of its replicas; a condemned pod's claim moves
         // to the pod alone, or the set's reference would keep it after the pod is gone.
         let both = with("Delete", "Delete");
-        assert_eq!(owners(&both, false), [set_ref.clone()]);
-        assert_eq!(owners(&both, true), [pod_ref.clone()]);
+        assert_eq!(owners(&both, false), [set_ref()]);
+        assert_eq!(owners(&both, true), [pod_ref()]);
         let scaled = with("Delete", "Retain");
         assert!(owners(&scaled, false).is_empty());
-        assert_eq!(owners(&scaled, true), [pod_ref]);
+        assert_eq!(owners(&scaled, true), [pod_ref()]);
         let deleted = with("Retain", "Delete");
-        assert_eq!(owners(&deleted, false), [set_ref.clone()]);
-        assert_eq!(owners(&deleted, true), [set_ref]);
+        assert_eq!(owners(&deleted, false), [set_ref()]);
+        assert_eq!(owners(&deleted, true), [set_ref()]);
         let retain = with("Retain", "Retain");
         assert!(owners(&retain, false).is_empty());
         assert!(owners(&retain, true).is_empty());
