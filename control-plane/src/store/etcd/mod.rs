@@ -169,7 +169,7 @@ impl EtcdStore {
         self.open()?;
         let full = self.full(prefix);
         let end = range_end(full.as_bytes());
-        let mut kv = self.inner.client.kv_client();
+        let kv = self.inner.client.kv_client();
         let mut kvs = Vec::new();
         let mut from = full.into_bytes();
         let mut at = 0i64;
@@ -180,8 +180,12 @@ impl EtcdStore {
             if at > 0 {
                 options = options.with_revision(at);
             }
-            let resp = kv
-                .get(from.clone(), Some(options))
+            let resp = self
+                .unsent_retried(|| {
+                    let mut kv = kv.clone();
+                    let (from, options) = (from.clone(), options.clone());
+                    async move { kv.get(from, Some(options)).await }
+                })
                 .await
                 .map_err(|e| self.error(e))?;
             let rev = self.observe(resp.header());
@@ -248,10 +252,11 @@ impl EtcdStore {
             .and_then([then])
             .or_else([TxnOp::get(full.clone(), None)]);
         let resp = self
-            .inner
-            .client
-            .kv_client()
-            .txn(txn)
+            .unsent_retried(|| {
+                let mut kv = self.inner.client.kv_client();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
             .await
             .map_err(|e| self.error(e))?;
         let revision = self.observe(resp.header());
@@ -310,6 +315,30 @@ impl EtcdStore {
         }
     }
 
+    /// Sends a request again while it fails before it left: the client balances requests over
+    /// the members, and a member that is down (killed, not back yet) refuses the connection
+    /// each time the balancer picks it. Such a request reached no member, so sending it again
+    /// is safe even for a write; without this every request sent to the dead member fails
+    /// Unavailable (a 503 that clients retry after a second) until it is back.
+    async fn unsent_retried<T, F, Fut>(&self, mut send: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 1;
+        loop {
+            match send().await {
+                Err(e)
+                    if unsent(&e) && tries < UNSENT_TRIES && !self.inner.closed.is_cancelled() =>
+                {
+                    tries += 1;
+                    tracing::debug!(error = %e, tries, "etcd request not sent; sending it again");
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// A client error as the store's: the compacted-revision error, an unreachable or
     /// leaderless cluster (retry later), anything else.
     fn error(&self, e: etcd_client::Error) -> StoreError {
@@ -323,6 +352,21 @@ impl EtcdStore {
 /// How long a read of the current revision rides out etcd being Unavailable (a leader
 /// election takes about one election timeout, 1 s by etcd's default).
 const TRANSIENT_READ_RETRY: Duration = Duration::from_secs(5);
+
+/// How many times a request that failed before it left is sent (see
+/// [`EtcdStore::unsent_retried`]). With one member of three down the balancer may pick it
+/// for up to 2 requests in 3 (it picks the less loaded of two, and a member that refuses at
+/// once looks idle): all 32 tries land on it about once in 400,000 requests. Each costs one
+/// refused connection.
+const UNSENT_TRIES: u32 = 32;
+
+/// Whether a request failed while connecting to a member, before anything was sent: tonic
+/// reports a connection that could not be made as Unavailable with the connector's message
+/// ("tcp connect error" for a refused or unreachable one).
+fn unsent(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::Unavailable && s.message().starts_with("tcp connect error"))
+}
 
 /// Whether an etcd of this version sends requested progress notifications after the events
 /// they cover (etcd issue 15220, fixed in 3.4.31 and 3.5.13).
@@ -403,10 +447,11 @@ impl Store for EtcdStore {
                 self.open()?;
                 // A linearizable read of one key: its header carries the cluster's revision.
                 let r = self
-                    .inner
-                    .client
-                    .kv_client()
-                    .get(self.full("/"), Some(GetOptions::new().with_count_only()))
+                    .unsent_retried(|| {
+                        let mut kv = self.inner.client.kv_client();
+                        let key = self.full("/");
+                        async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+                    })
                     .await;
                 match r.map_err(|e| self.error(e)) {
                     Ok(resp) => return Ok(self.observe(resp.header())),
@@ -452,10 +497,11 @@ impl Store for EtcdStore {
         async move {
             self.open()?;
             let resp = self
-                .inner
-                .client
-                .kv_client()
-                .get(key, None)
+                .unsent_retried(|| {
+                    let mut kv = self.inner.client.kv_client();
+                    let key = key.clone();
+                    async move { kv.get(key, None).await }
+                })
                 .await
                 .map_err(|e| self.error(e))?;
             self.observe(resp.header());
@@ -519,6 +565,27 @@ mod tests {
         for v in ["3.4.23", "3.5.12", "3.3.27", "", "garbage"] {
             assert!(!orders_progress(v), "{v}");
         }
+    }
+
+    /// A member that refuses the connection: the request was not sent (sent again); a
+    /// member that answers with an error: it was (not sent again).
+    #[tokio::test]
+    async fn only_a_request_that_never_left_counts_as_unsent() {
+        let port = skiff_tests::etcd::free_port();
+        let down = Client::connect([format!("http://127.0.0.1:{port}")], None)
+            .await
+            .unwrap();
+        let e = down.kv_client().get("/k", None).await.expect_err("refused");
+        assert!(unsent(&e), "{e:?}");
+        let up = Client::connect(skiff_tests::etcd::shared().endpoints(), None)
+            .await
+            .unwrap();
+        let e = up
+            .kv_client()
+            .get("/k", Some(GetOptions::new().with_revision(i64::MAX)))
+            .await
+            .expect_err("a revision from the future");
+        assert!(!unsent(&e), "{e:?}");
     }
 
     #[test]
