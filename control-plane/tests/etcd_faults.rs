@@ -1,6 +1,7 @@
 //! Faults of the etcd store, with real processes: a 3-member etcd cluster whose leader is
 //! killed (SIGKILL) during a burst of writes through the API server. Every acknowledged write
-//! is there afterwards, the API answers again once a new leader is elected, and a watch that
+//! is there afterwards, the API answers again within 2 s of the new leader's election (every
+//! write sent after it, not only the first; the figures are printed), and a watch that
 //! was open before the kill sees every object exactly once, in revision order (no gap, no
 //! duplicate), without being ended (the watch cache resumes its etcd watch from the next
 //! revision). And one member (the leader) cut off from its peers for 30 s (its peer
@@ -80,6 +81,53 @@ async fn server_on(
     (server, Api::namespaced(client, "default"), dir)
 }
 
+/// A member's view of the cluster: its leader's id and the raft term.
+struct MemberStatus {
+    leader: u64,
+    term: u64,
+}
+
+async fn member_status(endpoint: &str) -> MemberStatus {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    let s = c.status().await.unwrap();
+    MemberStatus {
+        leader: s.leader(),
+        term: s.raft_term(),
+    }
+}
+
+/// Asks each of `endpoints` every 20 ms who leads, until one names a leader other than
+/// `old` (and not none): when the request that first got that answer was sent (the
+/// election was over at most one round trip later), the new leader and its term.
+async fn new_leader_seen(endpoints: Vec<String>, old: u64) -> (Instant, u64, u64) {
+    let polls = endpoints
+        .into_iter()
+        .map(|e| Box::pin(leader_change_seen_by(e, old)));
+    futures::future::select_all(polls).await.0
+}
+
+async fn leader_change_seen_by(endpoint: String, old: u64) -> (Instant, u64, u64) {
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(200))
+        .with_timeout(Duration::from_millis(200));
+    let mut c = etcd_client::Client::connect([endpoint], Some(options))
+        .await
+        .unwrap();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let sent = Instant::now();
+        if let Ok(s) = c.status().await {
+            if s.leader() != 0 && s.leader() != old {
+                return (sent, s.leader(), s.raft_term());
+            }
+        }
+    }
+}
+
 /// Every acknowledged write is stored at the revision it was acknowledged at; what is
 /// stored (name -> revision).
 async fn assert_stored(
@@ -140,17 +188,24 @@ async fn the_etcd_leader_killed_during_a_burst_of_writes_loses_nothing() {
         })
     };
 
-    // 4 writers, each creating its own configmaps, retrying what the kill interrupts.
+    // 4 writers, each creating its own configmaps, retrying what the kill interrupts. Each
+    // acknowledgement's time is kept (the fail-over time is measured to the first one after
+    // the election).
     const PER_WRITER: usize = 60;
     let acked = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
+    // (when the write was sent, when it was acknowledged)
+    let ack_times = Arc::new(Mutex::new(Vec::<(Instant, Instant)>::new()));
     let mut writers = Vec::new();
     for w in 0..4 {
         let cms = cms.clone();
         let acked = acked.clone();
+        let ack_times = ack_times.clone();
         writers.push(tokio::spawn(async move {
             for i in 0..PER_WRITER {
                 let name = format!("w{w}-{i:03}");
+                let sent = Instant::now();
                 let rv = create_acked(&cms, &name).await?;
+                ack_times.lock().unwrap().push((sent, Instant::now()));
                 acked.lock().unwrap().insert(name, rv);
             }
             Ok::<(), String>(())
@@ -167,21 +222,78 @@ async fn the_etcd_leader_killed_during_a_burst_of_writes_loses_nothing() {
     .await;
 
     let leader = etcd.leader().expect("an etcd leader");
+    let old = member_status(&etcd.members()[leader].endpoint()).await;
+    // The two members left are asked for their leader every 20 ms from before the kill: the
+    // first answer naming another leader is when the election is known to be over.
+    let survivors: Vec<String> = (0..3)
+        .filter(|&i| i != leader)
+        .map(|i| etcd.members()[i].endpoint())
+        .collect();
+    let election = tokio::spawn(new_leader_seen(survivors, old.leader));
+    let killed = Instant::now();
     etcd.kill(leader);
-    let new_leader = etcd.leader().expect("a new leader among the two left");
-    assert_ne!(new_leader, leader);
-    let elected = Instant::now();
-    // The API answers again once a leader is there (the aim, 2 s, is measured by the bench;
-    // a loaded test machine gets more room).
+    let (elected, new_leader, term) = tokio::time::timeout(Duration::from_secs(30), election)
+        .await
+        .expect("a new leader within 30 s")
+        .unwrap();
+    assert!(term > old.term, "term {term} after {}", old.term);
+    let new_index = etcd.leader().expect("a new leader among the two left");
+    assert_ne!(new_index, leader);
+    // The API answers again within 2 s of the re-election: from the moment a member first
+    // names the new leader to the first write acknowledged through the API server after it.
     let probe = create_acked(&cms, "after-election").await;
-    let answered = elected.elapsed();
-    println!("first write after the re-election: {answered:?}");
+    let probed = Instant::now();
     probe.unwrap();
-    assert!(answered < Duration::from_secs(20), "{answered:?}");
-
+    let first = ack_times
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, acked)| *acked)
+        .filter(|t| *t >= elected)
+        .min()
+        .unwrap_or(probed)
+        .min(probed);
+    let answered = first - elected;
+    println!(
+        "etcd leader {:x} killed; {new_leader:x} elected (term {term}) {:?} after the kill; \
+         first write through the API server {answered:?} after the election (the probe's: \
+         {:?})",
+        old.leader,
+        elected - killed,
+        probed - elected,
+    );
+    assert!(
+        answered <= Duration::from_secs(2),
+        "the API answered {answered:?} after the re-election"
+    );
     for w in writers {
         w.await.unwrap().unwrap();
     }
+    // Writes sent once the new leader is known: how long they took.
+    let after: Vec<Duration> = ack_times
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(sent, _)| *sent >= elected)
+        .map(|(sent, acked)| *acked - *sent)
+        .collect();
+    let slowest = after.iter().max().copied().unwrap_or_default();
+    let slow = after
+        .iter()
+        .filter(|d| **d >= Duration::from_millis(900))
+        .count();
+    println!(
+        "{} writes sent after the election: slowest {slowest:?}, {slow} took 900 ms or more",
+        after.len()
+    );
+    // And every write sent after it is answered within those 2 s, not only the first (a
+    // request the client sent to the dead member is sent again, not answered 503).
+    assert!(
+        slowest <= Duration::from_secs(2),
+        "{slow} of {} writes sent after the re-election took 900 ms or more, one {slowest:?}",
+        after.len()
+    );
+
     let acked = acked.lock().unwrap().clone();
     assert_eq!(acked.len(), 4 * PER_WRITER);
 
