@@ -71,10 +71,16 @@ impl State {
                     if self.store.inner.ordered_progress {
                         options = options.with_progress_notify();
                     }
-                    let mut client = self.store.inner.client.watch_client();
+                    let client = self.store.inner.client.watch_client();
                     let key = self.store.full("/");
+                    // (Sent again if it could not reach the member the client picked.)
+                    let open = self.store.unsent_retried(|| {
+                        let mut client = client.clone();
+                        let (key, options) = (key.clone(), options.clone());
+                        async move { client.watch(key, Some(options)).await }
+                    });
                     let opened = tokio::select! {
-                        o = client.watch(key, Some(options)) => o,
+                        o = open => o,
                         _ = closed.cancelled() => return self.fail(StoreError::Closed),
                     };
                     match opened {
