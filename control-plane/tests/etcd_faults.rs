@@ -83,6 +83,7 @@ async fn server_on(
 
 /// A member's view of the cluster: its leader's id and the raft term.
 struct MemberStatus {
+    member: u64,
     leader: u64,
     term: u64,
 }
@@ -93,22 +94,24 @@ async fn member_status(endpoint: &str) -> MemberStatus {
         .unwrap();
     let s = c.status().await.unwrap();
     MemberStatus {
+        member: s.header().map_or(0, |h| h.member_id()),
         leader: s.leader(),
         term: s.raft_term(),
     }
 }
 
 /// Asks each of `endpoints` every 20 ms who leads, until one names a leader other than
-/// `old` (and not none): when the request that first got that answer was sent (the
-/// election was over at most one round trip later), the new leader and its term.
-async fn new_leader_seen(endpoints: Vec<String>, old: u64) -> (Instant, u64, u64) {
+/// `old` (and not none) in a term after `term`: when the request that first got that answer
+/// was sent (the election was over at most one round trip later), the new leader and its
+/// term.
+async fn new_leader_seen(endpoints: Vec<String>, old: u64, term: u64) -> (Instant, u64, u64) {
     let polls = endpoints
         .into_iter()
-        .map(|e| Box::pin(leader_change_seen_by(e, old)));
+        .map(|e| Box::pin(leader_change_seen_by(e, old, term)));
     futures::future::select_all(polls).await.0
 }
 
-async fn leader_change_seen_by(endpoint: String, old: u64) -> (Instant, u64, u64) {
+async fn leader_change_seen_by(endpoint: String, old: u64, term: u64) -> (Instant, u64, u64) {
     let options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_millis(200))
         .with_timeout(Duration::from_millis(200));
@@ -121,7 +124,7 @@ async fn leader_change_seen_by(endpoint: String, old: u64) -> (Instant, u64, u64
         tick.tick().await;
         let sent = Instant::now();
         if let Ok(s) = c.status().await {
-            if s.leader() != 0 && s.leader() != old {
+            if s.leader() != 0 && s.leader() != old && s.raft_term() > term {
                 return (sent, s.leader(), s.raft_term());
             }
         }
@@ -221,15 +224,22 @@ async fn the_etcd_leader_killed_during_a_burst_of_writes_loses_nothing() {
     })
     .await;
 
-    let leader = etcd.leader().expect("an etcd leader");
-    let old = member_status(&etcd.members()[leader].endpoint()).await;
+    // The leader, as it says itself (a loaded machine's fast elections may have just moved
+    // it: ask again until the member found leading says so).
+    let (leader, old) = loop {
+        let i = etcd.leader().expect("an etcd leader");
+        let s = member_status(&etcd.members()[i].endpoint()).await;
+        if s.leader == s.member {
+            break (i, s);
+        }
+    };
     // The two members left are asked for their leader every 20 ms from before the kill: the
     // first answer naming another leader is when the election is known to be over.
     let survivors: Vec<String> = (0..3)
         .filter(|&i| i != leader)
         .map(|i| etcd.members()[i].endpoint())
         .collect();
-    let election = tokio::spawn(new_leader_seen(survivors, old.leader));
+    let election = tokio::spawn(new_leader_seen(survivors, old.leader, old.term));
     let killed = Instant::now();
     etcd.kill(leader);
     let (elected, new_leader, term) = tokio::time::timeout(Duration::from_secs(30), election)
