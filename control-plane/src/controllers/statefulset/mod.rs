@@ -265,9 +265,14 @@ impl StatefulSetController {
                 };
                 let have: Vec<OwnerReference> =
                     claim.metadata.owner_references.clone().unwrap_or_default();
-                // Only the references this controller manages: the set's and the pod's.
+                // Only the references this controller manages: the set's and the pod's,
+                // including a pod of this ordinal that has since been replaced (same name,
+                // another UID): left in place, its deletion would let the garbage collector
+                // take the claim the new pod uses.
                 let managed = |r: &OwnerReference| {
-                    uid_set.contains(&r.uid) || Some(&r.uid) == p.uid().as_ref()
+                    uid_set.contains(&r.uid)
+                        || Some(&r.uid) == p.uid().as_ref()
+                        || (r.kind == "Pod" && r.api_version == "v1" && r.name == p.name_any())
                 };
                 let mine: Vec<&OwnerReference> = have.iter().filter(|r| managed(r)).collect();
                 if mine.len() == want.len()
