@@ -3,7 +3,7 @@
 //! restart rebuilds its cache from the watch so a new pod still sees the old ones.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -25,13 +25,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use skiff_tests::etcd::free_port;
 
 fn start(kubeconfig: &std::path::Path, port: u16) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_control-plane"))

@@ -137,10 +137,42 @@ pub fn is_leader(client_port: u16) -> Result<bool, String> {
     Ok(!member.is_empty() && member == leader)
 }
 
-/// A free loopback port (bound, then released for a member to take).
+/// A free loopback port for a member to take: chosen below the kernel's ephemeral range
+/// (`ip_local_port_range`, 32768 and up here), so that no `bind(0)` and no outgoing
+/// connection elsewhere can be handed the port between this check and the member's bind (a
+/// port taken from the ephemeral range and released was once taken by another test's server
+/// in that gap), and below the NodePort range. A process walks the range from a random
+/// start, so its callers never get the same port twice, and concurrent processes rarely
+/// meet.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    const LOW: u32 = 20_000;
+    // Below NodePorts too (30000-32767): a proxy's socket hooks on this machine may
+    // translate connections to a NodePort on any local address.
+    let high = ephemeral_low().clamp(LOW + 1_000, 30_000);
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+            ^ std::process::id().wrapping_mul(2_654_435_761);
+        AtomicU32::new(seed)
+    });
+    for _ in 0..(high - LOW) {
+        let port = (LOW + next.fetch_add(1, Ordering::Relaxed) % (high - LOW)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{high}")
+}
+
+/// The first port of the kernel's ephemeral range (32768 when it cannot be read).
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
