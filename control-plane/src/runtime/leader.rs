@@ -55,7 +55,7 @@ use kube::Client;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 // tower's Service trait (what kube's `Client::new` takes), as tonic re-exports it.
-use tonic::codegen::Service;
+use tower::Service;
 
 use super::controller::api_code;
 use super::metrics::Metrics;
