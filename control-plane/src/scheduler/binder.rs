@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
 use serde_json::json;
+use std::sync::{Arc, RwLock};
 
 use super::pod_info::PodInfo;
 use super::preemption::{DISRUPTION_TARGET, REASON_PREEMPTION};
@@ -31,16 +32,32 @@ fn gone(e: &kube::Error) -> bool {
 /// Writes bindings and pod conditions.
 #[derive(Clone)]
 pub struct Binder {
-    client: Client,
+    /// Replaced at each leader-election term by a client fenced by that term's lease.
+    client: Arc<RwLock<Client>>,
 }
 
 impl Binder {
     pub fn new(client: Client) -> Binder {
-        Binder { client }
+        Binder {
+            client: Arc::new(RwLock::new(client)),
+        }
+    }
+
+    /// Writes from now on go through `client` (a term's lease-fenced client: a deposed
+    /// scheduler's bindings and preemptions are refused before they are sent).
+    pub fn use_client(&self, client: Client) {
+        *self.client.write().unwrap_or_else(|e| e.into_inner()) = client;
+    }
+
+    fn client(&self) -> Client {
+        self.client
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn api(&self, pod: &PodInfo) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), pod.namespace())
+        Api::namespaced(self.client(), pod.namespace())
     }
 
     /// Binds `pod` to `node`; the uid guards against a pod deleted and re-created under the
@@ -80,7 +97,7 @@ impl Binder {
     ) -> Result<(), kube::Error> {
         use kube::ResourceExt;
         let api: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+            Api::namespaced(self.client(), &claim.namespace().unwrap_or_default());
         let patch = json!({"metadata": {
             "resourceVersion": claim.resource_version(),
             "annotations": {crate::controllers::persistentvolume::ANN_SELECTED_NODE: node},

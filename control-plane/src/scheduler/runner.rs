@@ -193,7 +193,15 @@ pub async fn run(
             lead(sched.clone(), config.percentage_of_nodes_to_score, term)
         };
         match &elector {
-            Some(e) => e.run(shutdown.clone(), lead).await,
+            // Each term binds and preempts through a client fenced by its lease, so a
+            // deposed scheduler (resumed after a stop) writes nothing once the term is over.
+            Some(e) => {
+                e.run(shutdown.clone(), |term| {
+                    sched.binder.use_client(e.fenced(client.clone(), &term));
+                    lead(term)
+                })
+                .await
+            }
             None => lead(shutdown.clone()).await,
         }
     }
