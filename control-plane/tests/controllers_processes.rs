@@ -184,6 +184,22 @@ impl Pair {
     }
 }
 
+/// Waits for a holder other than `first` of the lease and returns it, asserting it came
+/// within the lease duration (+1 s) of `since` (when the leader was killed or stopped).
+async fn wait_takeover(leases: &Api<Lease>, first: &str, since: Instant, how: &str) -> String {
+    let second = wait_until_async("the standby to take over", WAIT, || async {
+        holder(leases).await.filter(|h| h != first).ok_or(())
+    })
+    .await;
+    let took = since.elapsed();
+    eprintln!("{how}: the standby took the lease over in {took:?} (lease {LEASE:?})");
+    assert!(
+        took <= LEASE + Duration::from_secs(1),
+        "the standby took {took:?} to take over a lease of {LEASE:?}"
+    );
+    second
+}
+
 /// Waits until `standby`'s log names it the holder `identity` (the Lease names a new holder
 /// before its log line is written).
 async fn wait_leads(standby: &Process, identity: &str) {
@@ -273,16 +289,7 @@ async fn two_controller_managers_never_both_act() {
     // that renewal expires: within the lease duration of the kill, plus a round trip.
     leader.kill9();
     let killed = Instant::now();
-    let second = wait_until_async("the standby to take over", WAIT, || async {
-        holder(&leases).await.filter(|h| *h != first).ok_or(())
-    })
-    .await;
-    let took = killed.elapsed();
-    eprintln!("SIGKILL: the standby took the lease over in {took:?} (lease {LEASE:?})");
-    assert!(
-        took <= LEASE + Duration::from_secs(1),
-        "the standby took {took:?} to take over a lease of {LEASE:?}"
-    );
+    let second = wait_takeover(&leases, &first, killed, "SIGKILL").await;
     wait_leads(standby, &second).await;
     deployments
         .patch_scale(
@@ -354,16 +361,7 @@ async fn a_stopped_leader_is_deposed_and_writes_nothing_when_it_resumes() {
     // Stopped, the leader cannot renew: the standby takes over at its lease's expiry.
     signal(&leader, libc::SIGSTOP);
     let stopped = Instant::now();
-    let second = wait_until_async("the standby to take over", WAIT, || async {
-        holder(&leases).await.filter(|h| *h != first).ok_or(())
-    })
-    .await;
-    let took = stopped.elapsed();
-    eprintln!("SIGSTOP: the standby took the lease over in {took:?} (lease {LEASE:?})");
-    assert!(
-        took <= LEASE + Duration::from_secs(1),
-        "the standby took {took:?} to take over a lease of {LEASE:?}"
-    );
+    let second = wait_takeover(&leases, &first, stopped, "SIGSTOP").await;
     wait_leads(&standby, &second).await;
     // What the deposed leader's renewal writes: the resourceVersion it read is stale.
     let mut renewal = before.clone();

@@ -372,18 +372,7 @@ async fn stateful_set_keeps_identity_across_deletion_rolls_with_a_partition_and_
     let volume = |c: &PersistentVolumeClaim| c.spec.as_ref().and_then(|s| s.volume_name.clone());
     assert!(volume(&claim).is_some(), "{claim:?}");
     assert_eq!(volume(&again), volume(&claim));
-    let names: BTreeSet<String> = claims
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    assert_eq!(
-        names,
-        BTreeSet::from(["www-web-0", "www-web-1", "www-web-2"].map(String::from))
-    );
+    assert_claims(&claims, &["www-web-0", "www-web-1", "www-web-2"]).await;
     wait_endpoints(&c, &["web-0", "web-1", "web-2"]).await;
 
     // Partition 2: only web-2 gets the new image; web-0 and web-1 are not touched.
@@ -750,18 +739,7 @@ async fn stateful_set_starts_in_order_keeps_claims_and_rolls_back_with_kubectl()
     // Scale down: the highest ordinals go, their claims stay (whenScaled: Retain).
     k.ok(&["scale", "statefulset/web", "--replicas=1"]);
     wait_pods(&pods, &["web-0"], "nginx:1").await;
-    let names: BTreeSet<String> = claims
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    assert_eq!(
-        names,
-        BTreeSet::from(["www-web-0", "www-web-1", "www-web-2"].map(String::from))
-    );
+    assert_claims(&claims, &["www-web-0", "www-web-1", "www-web-2"]).await;
     let table = k.ok(&["get", "statefulsets"]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header, ["NAME", "READY", "AGE"]);
@@ -770,4 +748,18 @@ async fn stateful_set_starts_in_order_keeps_claims_and_rolls_back_with_kubectl()
     let bad = k.run(&["scale", "statefulset/web", "--replicas=-1"]);
     assert!(!bad.success);
     c.shutdown().await;
+}
+
+/// The names of the claims in the namespace are exactly `want`.
+async fn assert_claims(claims: &Api<PersistentVolumeClaim>, want: &[&str]) {
+    let names: BTreeSet<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    assert_eq!(names, want);
 }

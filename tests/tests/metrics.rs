@@ -258,6 +258,26 @@ fn hpa_status_until(
     }
 }
 
+/// Creates a Deployment `name` of one echo pod with these requests and waits for its rollout.
+fn echo_deployment(k: &Kubectl, name: &str, cpu: &str, memory: &str) {
+    let manifest = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "web", "image": ECHO_IMAGE,
+                    "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}}}
+    });
+    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
+    assert!(r.success, "creating {name}: {}", r.stderr);
+    k.ok(&[
+        "rollout",
+        "status",
+        &format!("deployment/{name}"),
+        "--timeout=120s",
+    ]);
+}
+
 /// Percent of its memory request the pod's target is (Utilization).
 const MEMORY_TARGET: i64 = 50;
 
@@ -265,17 +285,7 @@ const MEMORY_TARGET: i64 = 50;
 /// request), autoscaled by `kubectl autoscale` and then on memory: the first rescale goes from
 /// 1 to ceil(utilization / 50) (at most 4, Kubernetes' scale-up limit from one replica).
 fn autoscale_on_memory(k: &Kubectl) {
-    let manifest = serde_json::json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "grow"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "grow"}},
-            "template": {"metadata": {"labels": {"app": "grow"}},
-                "spec": {"containers": [{"name": "web", "image": ECHO_IMAGE,
-                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}}]}}}
-    });
-    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
-    assert!(r.success, "creating grow: {}", r.stderr);
-    k.ok(&["rollout", "status", "deployment/grow", "--timeout=120s"]);
+    echo_deployment(k, "grow", "20m", "64Mi");
     let held = k.ok(&[
         "exec",
         "deploy/grow",
@@ -402,17 +412,7 @@ fn has_condition(status: &serde_json::Value, type_: &str, reason: &str) -> bool 
 fn autoscale_on_cpu(k: &Kubectl) {
     let started = Instant::now();
     let phase = |what: &str| eprintln!("hpa/spin: {what} after {:.1?}", started.elapsed());
-    let manifest = serde_json::json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "spin"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "spin"}},
-            "template": {"metadata": {"labels": {"app": "spin"}},
-                "spec": {"containers": [{"name": "web", "image": ECHO_IMAGE,
-                    "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}}]}}}
-    });
-    let r = k.run_with_stdin(&["create", "-f", "-"], &manifest.to_string());
-    assert!(r.success, "creating spin: {}", r.stderr);
-    k.ok(&["rollout", "status", "deployment/spin", "--timeout=120s"]);
+    echo_deployment(k, "spin", "50m", "16Mi");
     let pod = k.ok(&[
         "get",
         "pods",
