@@ -85,6 +85,16 @@ impl LeaderElectionConfig {
         }
     }
 
+    /// How long after the start of its last successful renewal a leader's work may still
+    /// write: the renew deadline, plus a retry period for the next round to begin, but never
+    /// more than halfway from the renew deadline to the lease duration (a standby takes the
+    /// lease a whole lease duration after it saw that renewal, so the leader's writes stop
+    /// well before). 12 s with the defaults (15 s / 10 s / 2 s).
+    pub fn fence_window(&self) -> Duration {
+        let slack = self.lease_duration.saturating_sub(self.renew_deadline) / 2;
+        self.renew_deadline + self.retry_period.min(slack)
+    }
+
     /// Rejects timings under which two leaders could overlap (as client-go does).
     pub fn validate(&self) -> Result<(), String> {
         if self.lease_duration <= self.renew_deadline {
@@ -236,8 +246,8 @@ impl LeaderElector {
 
     /// `client` for the work of one `term`: its writes (POST, PUT, PATCH, DELETE) fail at
     /// once, without reaching the server, when `term` has ended or the last renewal began
-    /// more than the renew deadline ago (the lease may be another's by now); reads and
-    /// watches pass.
+    /// more than [`LeaderElectionConfig::fence_window`] ago (the lease may soon be another's);
+    /// reads and watches pass.
     pub fn fenced(&self, client: Client, term: &CancellationToken) -> Client {
         let namespace = client.default_namespace().to_string();
         Client::new(
@@ -245,7 +255,7 @@ impl LeaderElector {
                 client,
                 term: term.clone(),
                 renewed: self.renewed.clone(),
-                deadline: self.config.renew_deadline,
+                deadline: self.config.fence_window(),
             },
             namespace,
         )
@@ -374,24 +384,33 @@ impl LeaderElector {
         std::future::pending::<()>().await
     }
 
-    /// Renews every retry period; returns when no renewal has succeeded within the renew
-    /// deadline of the start of the last one, at once when a renewal finds another holder
-    /// (we were deposed), or when `term` is cancelled.
+    /// Renews every retry period; returns when a round of attempts has not renewed within
+    /// the renew deadline of its start (client-go's renewal), at once when a renewal finds
+    /// another holder (we were deposed) or when a round begins after the fence window of the
+    /// last renewal has passed (the process was stopped: the lease may be another's, so
+    /// not even a request is sent), or when `term` is cancelled.
     async fn renew_until_lost(&self, term: &CancellationToken) {
         loop {
             tokio::select! {
                 _ = term.cancelled() => return,
                 _ = tokio::time::sleep(self.config.retry_period) => {}
             }
-            let since = self
-                .renewed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .unwrap_or_else(Instant::now);
-            let deadline = tokio::time::Instant::from_std(since + self.config.renew_deadline);
-            let renewed = tokio::time::timeout_at(deadline, async {
+            let last = *self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(age) = last.map(|t| t.elapsed()) {
+                if age > self.config.fence_window() {
+                    tracing::error!(lease = %self.config.name, ?age, "the last renewal is older than the fence window: giving the term up");
+                    return;
+                }
+            }
+            let renewed = tokio::time::timeout(self.config.renew_deadline, async {
                 loop {
-                    match self.try_acquire_or_renew().await {
+                    let began = Instant::now();
+                    let attempt = self.try_acquire_or_renew().await;
+                    let took = began.elapsed();
+                    if took > self.config.retry_period {
+                        tracing::warn!(lease = %self.config.name, ?took, "a renewal attempt was slow");
+                    }
+                    match attempt {
                         Attempt::Held => return None,
                         Attempt::HeldBy(holder) => return Some(holder),
                         Attempt::Failed => tokio::time::sleep(self.config.retry_period).await,
@@ -573,8 +592,9 @@ impl Fenced {
 }
 
 /// Why the work of a term may not write at `now`: the term has ended, or the last renewal
-/// (which began at `renewed`) is more than the renew `deadline` old, so the lease may be
-/// another's by now (a standby takes it a whole lease duration after it saw that renewal).
+/// (which began at `renewed`) is more than the fence window (`deadline`) old, so the lease
+/// may soon be another's (a standby takes it a whole lease duration after it saw that
+/// renewal).
 fn fence_closed(
     ended: bool,
     renewed: Option<Instant>,
@@ -587,7 +607,7 @@ fn fence_closed(
     match renewed.map(|t| now.saturating_duration_since(t)) {
         Some(age) if age <= deadline => None,
         Some(age) => Some(format!(
-            "the lease was last renewed {age:?} ago (renew deadline {deadline:?}): it may be another's"
+            "the lease was last renewed {age:?} ago (fence window {deadline:?}): it may be another's"
         )),
         None => Some("the lease was never renewed".into()),
     }
@@ -635,6 +655,22 @@ mod tests {
         bad.renew_deadline = Duration::from_secs(15);
         assert!(bad.validate().is_err());
         assert_ne!(default_identity(), default_identity());
+        // Writes may go on a retry period past the renew deadline, never past halfway to the
+        // lease duration: 12 s of 15 s by default, 2.5 s of the tests' 3 s (2 s, 500 ms).
+        assert_eq!(c.fence_window(), Duration::from_secs(12));
+        let quick = LeaderElectionConfig {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(500),
+            ..c.clone()
+        };
+        assert_eq!(quick.fence_window(), Duration::from_millis(2500));
+        let tight = LeaderElectionConfig {
+            lease_duration: Duration::from_secs(11),
+            ..c.clone()
+        };
+        assert_eq!(tight.fence_window(), Duration::from_millis(10_500));
+        assert!(tight.fence_window() < tight.lease_duration);
     }
 
     #[test]

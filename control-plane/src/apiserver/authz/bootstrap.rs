@@ -565,8 +565,13 @@ fn controller_manager_rules() -> Vec<Rule> {
     vec![
         events_rule(),
         r(&["create"], &["coordination.k8s.io"], &["leases"]),
-        r(&["get", "update"], &["coordination.k8s.io"], &["leases"])
-            .named(&["kube-controller-manager"]),
+        // list and watch of the one name: a standby watches the Lease (runtime/leader.rs).
+        r(
+            &["get", "list", "update", "watch"],
+            &["coordination.k8s.io"],
+            &["leases"],
+        )
+        .named(&["kube-controller-manager"]),
         r(&["create"], &[""], &["secrets", "serviceaccounts"]),
         r(&["delete"], &[""], &["secrets"]),
         r(
@@ -873,8 +878,13 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
             vec![
                 events_rule(),
                 r(&["create"], &["coordination.k8s.io"], &["leases"]),
-                r(&["get", "update"], &["coordination.k8s.io"], &["leases"])
-                    .named(&["kube-scheduler"]),
+                // list and watch of the one name: a standby watches the Lease (runtime/leader.rs).
+                r(
+                    &["get", "list", "update", "watch"],
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                )
+                .named(&["kube-scheduler"]),
                 r(READ, &[""], &["nodes"]),
                 r(&["delete", "get", "list", "watch"], &[""], &["pods"]),
                 r(&["create"], &[""], &["bindings", "pods/binding"]),
