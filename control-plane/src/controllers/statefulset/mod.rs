@@ -178,6 +178,33 @@ fn claim_owners(set: &StatefulSet, pod: Option<&Pod>, condemned: bool) -> Vec<Ow
     vec![]
 }
 
+/// A claim's owner references with the ones this controller manages (the set's and the
+/// pod's) replaced by `want`, or None when they already are `want`. A reference to a pod of
+/// the same name with another UID (the ordinal's pod, since replaced) is managed too: left in
+/// place, that pod's deletion would let the garbage collector take the claim the new pod
+/// uses. References to anything else are kept.
+fn merged_claim_owners(
+    have: &[OwnerReference],
+    want: &[OwnerReference],
+    set_uids: &HashSet<String>,
+    pod: &Pod,
+) -> Option<Vec<OwnerReference>> {
+    let pod_name = pod.name_any();
+    let pod_uid = pod.uid();
+    let managed = |r: &OwnerReference| {
+        set_uids.contains(&r.uid)
+            || Some(&r.uid) == pod_uid.as_ref()
+            || (r.kind == "Pod" && r.api_version == "v1" && r.name == pod_name)
+    };
+    let mine: Vec<&OwnerReference> = have.iter().filter(|r| managed(r)).collect();
+    if mine.len() == want.len() && want.iter().all(|w| mine.iter().any(|m| m.uid == w.uid)) {
+        return None;
+    }
+    let mut refs: Vec<OwnerReference> = have.iter().filter(|r| !managed(r)).cloned().collect();
+    refs.extend(want.iter().cloned());
+    Some(refs)
+}
+
 impl StatefulSetController {
     async fn ensure_claims(
         &self,
@@ -263,26 +290,14 @@ impl StatefulSetController {
                 let Some(claim) = self.claims.get_namespaced(&ns, &cname) else {
                     continue;
                 };
-                let have: Vec<OwnerReference> =
-                    claim.metadata.owner_references.clone().unwrap_or_default();
-                // Only the references this controller manages: the set's and the pod's,
-                // including a pod of this ordinal that has since been replaced (same name,
-                // another UID): left in place, its deletion would let the garbage collector
-                // take the claim the new pod uses.
-                let managed = |r: &OwnerReference| {
-                    uid_set.contains(&r.uid)
-                        || Some(&r.uid) == p.uid().as_ref()
-                        || (r.kind == "Pod" && r.api_version == "v1" && r.name == p.name_any())
-                };
-                let mine: Vec<&OwnerReference> = have.iter().filter(|r| managed(r)).collect();
-                if mine.len() == want.len()
-                    && want.iter().all(|w| mine.iter().any(|m| m.uid == w.uid))
-                {
+                let have = claim
+                    .metadata
+                    .owner_references
+                    .as_deref()
+                    .unwrap_or_default();
+                let Some(refs) = merged_claim_owners(have, &want, &uid_set, p) else {
                     continue;
-                }
-                let mut refs: Vec<OwnerReference> =
-                    have.into_iter().filter(|r| !managed(r)).collect();
-                refs.extend(want.clone());
+                };
                 let patch = json!({"metadata": {"ownerReferences": refs, "uid": claim.uid()}});
                 match api
                     .patch(&cname, &PatchParams::default(), &Patch::Merge(&patch))
@@ -633,5 +648,42 @@ mod tests {
         assert!(owners(&retain, true).is_empty());
         // No pod to own it yet: the set's reference stays until there is one.
         assert_eq!(claim_owners(&both, None, true).len(), 1);
+    }
+
+    #[test]
+    fn a_replaced_pods_reference_on_its_claim_is_replaced_and_others_kept() {
+        let r = |kind: &str, name: &str, uid: &str| OwnerReference {
+            api_version: if kind == "Pod" { "v1" } else { "apps/v1" }.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.into(),
+            ..Default::default()
+        };
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-2", "namespace": "default", "uid": "new-pod"}
+        }))
+        .unwrap();
+        let set_uids: HashSet<String> = ["set-uid".to_string()].into();
+        let other = r("ConfigMap", "keep", "cm-uid");
+        let uids = |refs: &[OwnerReference]| -> Vec<String> {
+            refs.iter().map(|r| r.uid.clone()).collect()
+        };
+        // The old web-2 (deleted, re-created) still owns the claim under whenScaled: Delete:
+        // its reference goes, the new pod's comes, an unrelated owner stays.
+        let have = [other.clone(), r("Pod", "web-2", "old-pod")];
+        let want = [r("Pod", "web-2", "new-pod")];
+        let merged = merged_claim_owners(&have, &want, &set_uids, &pod).unwrap();
+        assert_eq!(uids(&merged), ["cm-uid", "new-pod"]);
+        // Already as wanted: nothing to write.
+        assert_eq!(merged_claim_owners(&merged, &want, &set_uids, &pod), None);
+        // The pod's claim back to the set (scaled up again): the pod's goes, the set's comes.
+        let want = [r("StatefulSet", "web", "set-uid")];
+        let merged = merged_claim_owners(&merged, &want, &set_uids, &pod).unwrap();
+        assert_eq!(uids(&merged), ["cm-uid", "set-uid"]);
+        // Retain: every managed reference removed, a pod of another name untouched.
+        let have = [r("Pod", "web-1", "p1"), r("StatefulSet", "web", "set-uid")];
+        let merged = merged_claim_owners(&have, &[], &set_uids, &pod).unwrap();
+        assert_eq!(uids(&merged), ["p1"]);
     }
 }
