@@ -175,6 +175,18 @@ pub fn decode_error(r: &Resource, obj: &Value) -> Option<String> {
     strict::decode_error(r.group, r.kind, r.version, obj)
 }
 
+/// The body decoded as its kind once: the 400 message when it does not decode
+/// ([`decode_error`]), else its unknown fields ([`unknown_fields`]).
+pub fn decode(r: &Resource, obj: &Value) -> Result<Vec<String>, String> {
+    if r.custom().is_some() {
+        return match decode_error(r, obj) {
+            Some(why) => Err(why),
+            None => Ok(unknown_fields(r, obj)),
+        };
+    }
+    strict::decode(r.group, r.kind, r.version, obj)
+}
+
 /// Paths of fields the kind does not define (`fieldValidation=Strict`); for a custom
 /// resource, the fields its schema would prune.
 pub fn unknown_fields(r: &Resource, obj: &Value) -> Vec<String> {

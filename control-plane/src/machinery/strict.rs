@@ -18,12 +18,30 @@ use k8s_openapi::api::{
 /// (`spec.template.spec.containers[0].imagee`), in document order. Empty when the kind is
 /// not served here or the body does not decode at all (the decoder's own error then applies).
 pub fn unknown_fields(group: &str, kind: &str, version: &str, v: &Value) -> Vec<String> {
-    let Some(Ok(known)) = round_trip(group, kind, version, v) else {
-        return vec![];
+    decode(group, kind, version, v).unwrap_or_default()
+}
+
+/// The body decoded into its kind once: Kubernetes' message when it does not decode
+/// ([`decode_error`]), else the paths of its unknown fields ([`unknown_fields`]), so a write
+/// pays for one round trip however its fields are validated.
+pub fn decode(group: &str, kind: &str, version: &str, v: &Value) -> Result<Vec<String>, String> {
+    let known = match round_trip(group, kind, version, v) {
+        None => return Ok(vec![]),
+        Some(Ok(known)) => known,
+        Some(Err((path, why))) => {
+            let at = if path.is_empty() || path == "." {
+                String::new()
+            } else {
+                format!("{path}: ")
+            };
+            return Err(format!(
+                "{kind} in version \"{version}\" cannot be handled as a {kind}: {at}{why}"
+            ));
+        }
     };
     let mut unknown = vec![];
     diff(v, &known, &mut String::new(), &mut unknown);
-    unknown
+    Ok(unknown)
 }
 
 /// `strict decoding error: unknown field "a", unknown field "b"`, Kubernetes' message.
@@ -39,17 +57,7 @@ pub fn strict_error_message(unknown: &[String]) -> String {
 /// (`Secret in version "v1" cannot be handled as a Secret: data.key: Invalid value ...`).
 /// None when it decodes (or the kind is not served here).
 pub fn decode_error(group: &str, kind: &str, version: &str, v: &Value) -> Option<String> {
-    let Some(Err((path, why))) = round_trip(group, kind, version, v) else {
-        return None;
-    };
-    let at = if path.is_empty() || path == "." {
-        String::new()
-    } else {
-        format!("{path}: ")
-    };
-    Some(format!(
-        "{kind} in version \"{version}\" cannot be handled as a {kind}: {at}{why}"
-    ))
+    decode(group, kind, version, v).err()
 }
 
 /// The body decoded into `T` and encoded back, or where and why it does not decode.

@@ -91,10 +91,9 @@ fn decode_body(call: &Call<'_>, opts: &WriteOptions) -> Result<Value, ApiError> 
     let format = BodyFormat::of(call.header(header::CONTENT_TYPE))?;
     let mut obj = negotiate::decode_object(format, &call.body)?;
     check_kind(call.resource, &mut obj)?;
-    if let Some(why) = rules::decode_error(call.resource, &obj) {
-        return Err(ApiError::bad_request(why));
-    }
-    strict(call.resource, &obj, opts)?;
+    // One decode gives both the 400 and the unknown fields.
+    let unknown = rules::decode(call.resource, &obj).map_err(ApiError::bad_request)?;
+    report_unknown(unknown, opts)?;
     Ok(obj)
 }
 
@@ -105,8 +104,12 @@ fn strict(r: &Resource, obj: &Value, opts: &WriteOptions) -> Result<(), ApiError
     if opts.field_validation == FieldValidation::Ignore {
         return Ok(());
     }
-    let unknown = rules::unknown_fields(r, obj);
-    if unknown.is_empty() {
+    report_unknown(rules::unknown_fields(r, obj), opts)
+}
+
+/// What [`strict`] does with the unknown fields found.
+fn report_unknown(unknown: Vec<String>, opts: &WriteOptions) -> Result<(), ApiError> {
+    if unknown.is_empty() || opts.field_validation == FieldValidation::Ignore {
         return Ok(());
     }
     if opts.field_validation == FieldValidation::Warn {
