@@ -23,15 +23,14 @@
 //!   at the last renewal + the lease duration + one round trip. The poll stays, for when the
 //!   watch is down ([`standby_wake`]).
 //! - A free Lease (released on shutdown, seen through the watch) is tried for at once.
-//! - The renew deadline counts from the start of the last successful renewal (client-go:
-//!   from the start of the renewal round after it, up to one retry period later), so a
-//!   leader resumed after a SIGSTOP longer than the deadline ends its term before it sends a
-//!   request.
+//! - A renewal round has the renew deadline from its start, as in client-go, but a round
+//!   that begins more than the fence window after the last successful renewal began (a
+//!   leader resumed after a SIGSTOP) ends the term before it sends a request.
 //! - A renewal that reads another holder ends the term at once (client-go retries until the
 //!   renew deadline): the leader was deposed and must not act a moment longer.
 //! - While leading, the controllers write through [`LeaderElector::fenced`], a client that
-//!   refuses writes once the term has ended or the last renewal began more than the renew
-//!   deadline ago. A leader resumed after a SIGSTOP has its old informers and queues; before
+//!   refuses writes once the term has ended or the last renewal began more than the fence
+//!   window ([`LeaderElectionConfig::fence_window`]) ago. A leader resumed after a SIGSTOP has its old informers and queues; before
 //!   its renewal has even been answered, the fence already refuses what they would write
 //!   (pods a ReplicaSet already has from the new leader), since its clock says the lease may
 //!   be another's. Writes that carry a resourceVersion would fail their precondition anyway;
@@ -54,7 +53,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-// tower's Service trait (what kube's `Client::new` takes), as tonic re-exports it.
+// tower's Service trait: what kube's `Client::new` takes.
 use tower::Service;
 
 use super::controller::api_code;
@@ -395,12 +394,12 @@ impl LeaderElector {
                 _ = term.cancelled() => return,
                 _ = tokio::time::sleep(self.config.retry_period) => {}
             }
+            // The fence's own rule: past its window the lease may be another's already.
             let last = *self.renewed.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(age) = last.map(|t| t.elapsed()) {
-                if age > self.config.fence_window() {
-                    tracing::error!(lease = %self.config.name, ?age, "the last renewal is older than the fence window: giving the term up");
-                    return;
-                }
+            if let Some(why) = fence_closed(false, last, Instant::now(), self.config.fence_window())
+            {
+                tracing::error!(lease = %self.config.name, %why, "giving the term up");
+                return;
             }
             let renewed = tokio::time::timeout(self.config.renew_deadline, async {
                 loop {
